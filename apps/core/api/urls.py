@@ -1,0 +1,8 @@
+from django.urls import path
+
+from apps.core.api import views
+
+urlpatterns = [
+    path("system/status", views.SystemStatusView.as_view(), name="system-status"),
+    path("system/worker-probe", views.WorkerProbeView.as_view(), name="system-worker-probe"),
+]

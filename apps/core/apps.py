@@ -1,0 +1,10 @@
+from django.apps import AppConfig
+
+
+class CoreConfig(AppConfig):
+    """The platform itself: the installation record, system status, the dashboard shell."""
+
+    name = "apps.core"
+    label = "core"
+    verbose_name = "Platform"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from django.db import models
+from django.utils import timezone
+
+
+class InstallationManager(models.Manager["Installation"]):
+    def current(self) -> Installation:
+        """The one installation row, created on first use (idempotent under concurrency)."""
+        installation, _ = self.get_or_create(singleton=True)
+        return installation
+
+
+class Installation(models.Model):
+    """The installation this database belongs to: its identity and when its processes were last seen."""
+
+    singleton = models.BooleanField(default=True, unique=True, editable=False)
+    installation_id = models.UUIDField(default=uuid.uuid4, editable=False, unique=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    created_by_release = models.CharField(max_length=32, editable=False)
+    worker_seen_at = models.DateTimeField(null=True, blank=True, editable=False)
+    worker_seen_hostname = models.CharField(max_length=255, blank=True, editable=False)
+
+    objects = InstallationManager()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(singleton=True), name="core_installation_singleton"),
+        ]
+
+    def __str__(self) -> str:
+        return f"ModelForge installation {self.installation_id}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self.created_by_release:
+            from django.conf import settings
+
+            self.created_by_release = settings.RELEASE
+        super().save(*args, **kwargs)
+
+    def record_worker_seen(self, hostname: str, at: datetime | None = None) -> None:
+        """A worker ran a task just now: the dashboard's proof that the background machinery works."""
+        self.worker_seen_at = at or timezone.now()
+        self.worker_seen_hostname = hostname[:255]
+        self.save(update_fields=["worker_seen_at", "worker_seen_hostname"])

@@ -1,0 +1,17 @@
+"""Thin Celery wrappers over the core models."""
+
+from __future__ import annotations
+
+import socket
+
+from celery import shared_task
+
+from apps.core.models import Installation
+
+
+@shared_task(name="core.record_worker_seen")
+def record_worker_seen() -> str:
+    """Stamp the installation with this worker's host and the time: proof a worker consumes tasks."""
+    hostname = socket.gethostname()
+    Installation.objects.current().record_worker_seen(hostname)
+    return hostname

@@ -1,0 +1,36 @@
+"""The dashboard shell: staff login and the home page."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.forms import AuthenticationForm
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from apps.core.status import system_status
+
+
+class StaffAuthenticationForm(AuthenticationForm):
+    """Only staff users operate ModelForge; others are told so instead of being let in."""
+
+    def confirm_login_allowed(self, user):
+        super().confirm_login_allowed(user)
+        if not user.is_staff:
+            raise forms.ValidationError("This account is not an operator (staff) account.", code="not_staff")
+
+
+class LoginView(auth_views.LoginView):
+    template_name = "core/login.html"
+    authentication_form = StaffAuthenticationForm
+    redirect_authenticated_user = True
+
+
+def _staff_required(view):
+    return staff_member_required(view, login_url="dashboard:login")
+
+
+@_staff_required
+def home(request: HttpRequest) -> HttpResponse:
+    return render(request, "core/home.html", {"status": system_status(), "active_nav": "home"})

@@ -1,0 +1,5 @@
+"""ModelForge control plane."""
+
+from modelforge.celery import app as celery_app
+
+__all__ = ["celery_app"]

@@ -1,0 +1,160 @@
+"""Strict reading of ``MODELFORGE_*`` settings, collecting every problem instead of stopping at the first.
+
+django-environ parses the values (URLs, lists, ``<NAME>_FILE`` secrets); this module adds what it does
+not do: a bad boolean is an error, not ``False``; a problem is recorded with its code and setting and
+reading carries on, so start-up validation can list them all at once.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import environ
+
+MISSING_REQUIRED_SETTING = "MISSING_REQUIRED_SETTING"
+INSECURE_PRODUCTION_SETTING = "INSECURE_PRODUCTION_SETTING"
+INVALID_SETTING = "INVALID_SETTING"
+
+TRUE_STRINGS = frozenset({"1", "true", "yes", "on"})
+FALSE_STRINGS = frozenset({"0", "false", "no", "off"})
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One configuration problem: a code, the setting at fault, and what is wrong and what to do."""
+
+    code: str
+    setting: str
+    message: str
+
+    def line(self) -> str:
+        return f"- [{self.code}] {self.setting}: {self.message}"
+
+
+class SettingsReader:
+    """Reads ``MODELFORGE_*`` variables; every parse failure becomes a ``Problem``, never an exception."""
+
+    def __init__(self, environ_map: dict[str, str] | None = None) -> None:
+        self.environ = os.environ if environ_map is None else environ_map
+        self.env = environ.FileAwareEnv()
+        # FileAwareEnv reads through env.ENVIRON; point it at the mapping we were given.
+        self.env.ENVIRON = environ.FileAwareMapping(env=self.environ, cache=False)
+        self.problems: list[Problem] = []
+
+    def problem(self, code: str, setting: str, message: str) -> None:
+        self.problems.append(Problem(code, setting, message))
+
+    def is_set(self, name: str) -> bool:
+        return bool(self.environ.get(name)) or bool(self.environ.get(f"{name}_FILE"))
+
+    def raw(self, name: str) -> str | None:
+        """The raw value of ``name``, or of the file named by ``<name>_FILE``; ``None`` when unset."""
+        direct = self.environ.get(name)
+        file_name = self.environ.get(f"{name}_FILE")
+        if direct and file_name:
+            self.problem(
+                INVALID_SETTING,
+                name,
+                f"both {name} and {name}_FILE are set; set exactly one of them",
+            )
+            return None
+        if file_name:
+            try:
+                value = self.env.str(name)
+            except (OSError, environ.ImproperlyConfigured) as exc:
+                reason = getattr(exc, "strerror", None) or str(exc)
+                self.problem(
+                    INVALID_SETTING,
+                    f"{name}_FILE",
+                    f"cannot read secret file {file_name!r} ({reason}); mount the file or fix the path",
+                )
+                return None
+            return value.strip()
+        return direct if direct else None
+
+    def string(self, name: str, default: str | None = None) -> str | None:
+        value = self.raw(name)
+        return default if value is None else value
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.raw(name)
+        if value is None:
+            return default
+        lowered = value.strip().lower()
+        if lowered in TRUE_STRINGS:
+            return True
+        if lowered in FALSE_STRINGS:
+            return False
+        self.problem(
+            INVALID_SETTING,
+            name,
+            f"{value!r} is not a boolean; use one of true/false, yes/no, on/off, 1/0",
+        )
+        return default
+
+    def integer(
+        self, name: str, default: int, *, minimum: int | None = None, maximum: int | None = None
+    ) -> int:
+        value = self.raw(name)
+        if value is None:
+            return default
+        try:
+            number = int(value.strip())
+        except ValueError:
+            self.problem(INVALID_SETTING, name, f"{value!r} is not a whole number")
+            return default
+        if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
+            bounds = f"between {minimum} and {maximum}" if maximum is not None else f"at least {minimum}"
+            self.problem(INVALID_SETTING, name, f"{number} is out of range; use a value {bounds}")
+            return default
+        return number
+
+    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self.raw(name)
+        if value is None:
+            return default
+        if value not in choices:
+            self.problem(INVALID_SETTING, name, f"{value!r} is not one of {', '.join(choices)}")
+            return default
+        return value
+
+    def csv(self, name: str, default: list[str]) -> list[str]:
+        value = self.raw(name)
+        if value is None:
+            return list(default)
+        return [item.strip() for item in value.split(",") if item.strip()]
+
+    def url(self, name: str, default: str | None, *, schemes: tuple[str, ...]) -> str | None:
+        """A URL whose scheme is one of ``schemes`` and that names a host (or a socket path)."""
+        value = self.raw(name)
+        if value is None:
+            return default
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 -- raises ValueError on a port that is not a number
+        except ValueError as exc:
+            self.problem(INVALID_SETTING, name, f"not a valid URL ({exc}); expected {schemes[0]}://...")
+            return default
+        if parts.scheme not in schemes:
+            self.problem(
+                INVALID_SETTING,
+                name,
+                f"scheme {parts.scheme or '(none)'!r} is not supported; use one of {', '.join(schemes)}",
+            )
+            return default
+        if not parts.hostname and "host=" not in parts.query:
+            self.problem(INVALID_SETTING, name, "the URL names no host; expected scheme://user@host:port/...")
+            return default
+        return value
+
+    def database(self, name: str, default: str | None) -> dict[str, Any] | None:
+        url = self.url(name, default, schemes=("postgres", "postgresql", "pgsql"))
+        if url is None:
+            return None
+        config: dict[str, Any] = environ.Env.db_url_config(url)
+        if not config.get("NAME"):
+            self.problem(INVALID_SETTING, name, "the URL names no database; append /<database name>")
+        return config

@@ -1,0 +1,27 @@
+"""Template context shared by every dashboard page."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.http import HttpRequest
+
+# The dashboard's sections. Domains whose pages are not built yet are listed without a link, so the
+# shape of the product is visible from the first page; each issue that builds one adds its url name.
+NAVIGATION: list[dict[str, str | None]] = [
+    {"key": "home", "label": "Overview", "url_name": "dashboard:home"},
+    {"key": "nodes", "label": "Nodes", "url_name": None},
+    {"key": "servers", "label": "Model servers", "url_name": None},
+    {"key": "clusters", "label": "Clusters", "url_name": None},
+    {"key": "artifacts", "label": "Artifacts", "url_name": None},
+    {"key": "backups", "label": "Backups", "url_name": None},
+    {"key": "migrations", "label": "Migrations", "url_name": None},
+    {"key": "alerts", "label": "Alerts", "url_name": None},
+]
+
+
+def navigation(request: HttpRequest) -> dict[str, object]:
+    return {
+        "navigation": NAVIGATION,
+        "modelforge_release": settings.RELEASE,
+        "modelforge_env": settings.MODELFORGE_ENV,
+    }

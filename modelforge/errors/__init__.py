@@ -1,0 +1,109 @@
+"""The error envelope: one exception type, one renderer, one DRF exception handler.
+
+Every error response body is exactly ``{"code", "message", "correlation_id"}``. A 500 is the plain text
+``Internal Server Error`` and nothing else: the full story goes to the log under the correlation id.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.http import HttpResponse, JsonResponse
+from rest_framework import exceptions as drf_exceptions
+from rest_framework.views import exception_handler as drf_default_handler
+
+from modelforge.errors import codes
+from modelforge.logging import current_correlation_id
+
+logger = logging.getLogger("modelforge.errors")
+
+INTERNAL_SERVER_ERROR_BODY = "Internal Server Error"
+# Marks a response as already rendered as the envelope, so the middleware leaves it alone.
+ENVELOPE_MARKER = "_modelforge_envelope"
+
+
+class ApiError(Exception):
+    """A refusal with a name: the code, the HTTP status and a message saying what to do."""
+
+    def __init__(self, code: str, message: str, status: int = 400, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+        self.headers = headers or {}
+
+
+def envelope_body(code: str, message: str) -> dict[str, str]:
+    return {"code": code, "message": message, "correlation_id": current_correlation_id()}
+
+
+def envelope_response(
+    code: str, message: str, status: int, headers: dict[str, str] | None = None
+) -> JsonResponse:
+    response = JsonResponse(envelope_body(code, message), status=status)
+    for name, value in (headers or {}).items():
+        response[name] = value
+    setattr(response, ENVELOPE_MARKER, True)
+    return response
+
+
+def internal_server_error() -> HttpResponse:
+    response = HttpResponse(INTERNAL_SERVER_ERROR_BODY, status=500, content_type="text/plain")
+    setattr(response, ENVELOPE_MARKER, True)
+    return response
+
+
+def _flatten(detail: Any, prefix: str = "") -> list[str]:
+    """DRF's nested validation details as ``field: message`` phrases, in order."""
+    if isinstance(detail, dict):
+        parts: list[str] = []
+        for key, value in detail.items():
+            name = key if key != "non_field_errors" else ""
+            parts.extend(_flatten(value, f"{prefix}.{name}" if prefix and name else (name or prefix)))
+        return parts
+    if isinstance(detail, list):
+        parts = []
+        for index, value in enumerate(detail):
+            nested = isinstance(value, dict | list)
+            parts.extend(_flatten(value, f"{prefix}[{index}]" if nested else prefix))
+        return parts
+    text = str(detail)
+    return [f"{prefix}: {text}" if prefix else text]
+
+
+_DRF_CODES: list[tuple[type[Exception], str]] = [
+    (drf_exceptions.ValidationError, codes.VALIDATION_ERROR),
+    (drf_exceptions.ParseError, codes.MALFORMED_REQUEST),
+    (drf_exceptions.NotAuthenticated, codes.NOT_AUTHENTICATED),
+    (drf_exceptions.AuthenticationFailed, codes.NOT_AUTHENTICATED),
+    (drf_exceptions.PermissionDenied, codes.PERMISSION_DENIED),
+    (drf_exceptions.NotFound, codes.NOT_FOUND),
+    (drf_exceptions.MethodNotAllowed, codes.METHOD_NOT_ALLOWED),
+    (drf_exceptions.NotAcceptable, codes.NOT_ACCEPTABLE),
+    (drf_exceptions.UnsupportedMediaType, codes.UNSUPPORTED_MEDIA_TYPE),
+    (drf_exceptions.Throttled, codes.RATE_LIMITED),
+]
+
+
+def drf_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponse | None:
+    """DRF's ``EXCEPTION_HANDLER``: render every API error as the envelope."""
+    if isinstance(exc, ApiError):
+        return envelope_response(exc.code, exc.message, exc.status, exc.headers)
+    response = drf_default_handler(exc, context)
+    if response is None:
+        # Not an API error DRF knows: let Django's handling (our middleware) decide, 500 included.
+        return None
+    code = next(
+        (c for kind, c in _DRF_CODES if isinstance(exc, kind)),
+        codes.BY_STATUS.get(response.status_code, codes.BAD_REQUEST),
+    )
+    detail = exc.detail if isinstance(exc, drf_exceptions.APIException) else str(exc)
+    if isinstance(exc, drf_exceptions.ValidationError):
+        message = "Invalid input: " + "; ".join(_flatten(detail))
+    else:
+        message = "; ".join(_flatten(detail)) or codes.DEFAULT_MESSAGES.get(response.status_code, "")
+    headers = {k: v for k, v in response.items() if k in ("WWW-Authenticate", "Allow", "Retry-After")}
+    if response.status_code == 401 and "WWW-Authenticate" not in headers:
+        headers["WWW-Authenticate"] = 'Bearer realm="api"'
+    return envelope_response(code, message, response.status_code, headers)

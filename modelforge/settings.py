@@ -1,0 +1,239 @@
+"""ModelForge settings: every value comes from a ``MODELFORGE_*`` environment variable.
+
+Nothing here raises on a bad value. Problems are collected in ``MODELFORGE_CONFIG_PROBLEMS`` and
+``modelforge.startup.enforce()`` reports them at every entry point (refusing to start in production).
+docs/CONFIGURATION.md lists every setting.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from modelforge import startup
+from modelforge.config import SettingsReader
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+RELEASE = "0.1.0"
+
+read = SettingsReader()
+
+MODELFORGE_ENV = read.choice("MODELFORGE_ENV", "development", ("development", "production"))
+PRODUCTION = MODELFORGE_ENV == "production"
+
+MODELFORGE_HOME = Path(read.string("MODELFORGE_HOME", str(BASE_DIR / ".modelforge")) or "").resolve()
+EMBEDDED_PG_PORT = read.integer("MODELFORGE_EMBEDDED_PG_PORT", 54329, minimum=1024, maximum=65535)
+EMBEDDED_REDIS_PORT = read.integer("MODELFORGE_EMBEDDED_REDIS_PORT", 63799, minimum=1024, maximum=65535)
+
+DEBUG = read.boolean("MODELFORGE_DEBUG", not PRODUCTION)
+SECRET_KEY = read.string("MODELFORGE_SECRET_KEY") or startup.DEVELOPMENT_SECRET_KEY
+ALLOWED_HOSTS = read.csv(
+    "MODELFORGE_ALLOWED_HOSTS", [] if PRODUCTION else ["127.0.0.1", "localhost", "[::1]"]
+)
+CSRF_TRUSTED_ORIGINS = read.csv("MODELFORGE_CSRF_TRUSTED_ORIGINS", [])
+OPERATOR_API_KEY = read.string("MODELFORGE_OPERATOR_API_KEY")
+
+# In development the embedded stack (`make run`) is the default; production names its stores.
+_dev_database_url = None if PRODUCTION else f"postgres://postgres@127.0.0.1:{EMBEDDED_PG_PORT}/modelforge"
+_dev_redis_url = None if PRODUCTION else f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0"
+_database = read.database("MODELFORGE_DATABASE_URL", _dev_database_url)
+REDIS_URL = read.url("MODELFORGE_REDIS_URL", _dev_redis_url, schemes=("redis", "rediss", "unix"))
+
+HOST = read.string("MODELFORGE_HOST", "127.0.0.1")
+PORT = read.integer("MODELFORGE_PORT", 8000, minimum=1, maximum=65535)
+LOG_LEVEL: str = read.choice("MODELFORGE_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
+DATA_UPLOAD_MAX_MEMORY_SIZE = read.integer("MODELFORGE_MAX_REQUEST_BYTES", 1_048_576, minimum=1024)
+SECURE_COOKIES = read.boolean("MODELFORGE_SECURE_COOKIES", PRODUCTION)
+CELERY_TASK_ALWAYS_EAGER = False
+
+MODELFORGE_CONFIG_PROBLEMS = startup.collect_problems(
+    read,
+    production=PRODUCTION,
+    secret_key=SECRET_KEY,
+    debug=DEBUG,
+    allowed_hosts=ALLOWED_HOSTS,
+    operator_api_key=OPERATOR_API_KEY,
+    database=_database,
+    redis_url=REDIS_URL,
+)
+
+# --- Django -------------------------------------------------------------------------------------------
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "django_celery_beat",
+    "apps.core",
+]
+
+MIDDLEWARE = [
+    # Outermost: every request gets a correlation id, and every error response leaving the
+    # application is rendered as the envelope, whoever produced it.
+    "modelforge.middleware.CorrelationIdMiddleware",
+    "modelforge.middleware.ErrorEnvelopeMiddleware",
+    "modelforge.middleware.RequestSizeMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Innermost: turns exceptions raised by views into envelopes (or the plain 500) before Django's
+    # DEBUG pages can render them.
+    "modelforge.middleware.ExceptionMiddleware",
+]
+
+ROOT_URLCONF = "modelforge.urls"
+ASGI_APPLICATION = "modelforge.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "modelforge.context_processors.navigation",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": (
+        _database
+        if _database
+        else {"ENGINE": "django.db.backends.postgresql", "NAME": "modelforge", "HOST": "127.0.0.1"}
+    )
+}
+DATABASES["default"].setdefault("CONN_MAX_AGE", 60)
+DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+DATABASES["default"].setdefault("OPTIONS", {})
+DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 5)
+DATABASES["default"]["OPTIONS"].setdefault("application_name", "modelforge")
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = MODELFORGE_HOME / "static"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+# WhiteNoise serves the dashboard's and the admin's static files from the app directories, so no
+# collectstatic step or separate file server is needed for this small set.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+# WhiteNoise hands Django a file iterator; under ASGI Django warns on every static file served.
+warnings.filterwarnings("ignore", message="StreamingHttpResponse must consume synchronous iterators")
+
+LOGIN_URL = "dashboard:login"
+LOGIN_REDIRECT_URL = "dashboard:home"
+LOGOUT_REDIRECT_URL = "dashboard:login"
+
+SESSION_COOKIE_SECURE = SECURE_COOKIES
+CSRF_COOKIE_SECURE = SECURE_COOKIES
+SESSION_COOKIE_HTTPONLY = True
+CSRF_FAILURE_VIEW = "modelforge.middleware.csrf_failure"
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+
+# A 500's body is fixed text; never let Django re-raise to the server, which could add its own.
+DEBUG_PROPAGATE_EXCEPTIONS = False
+
+# --- REST framework and OpenAPI -------------------------------------------------------------------------
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "modelforge.auth.OperatorKeyAuthentication",
+        "modelforge.auth.StaffSessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["modelforge.auth.IsOperator"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "EXCEPTION_HANDLER": "modelforge.errors.drf_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "ModelForge API",
+    "DESCRIPTION": "Operator API of the ModelForge control plane. Every error is the envelope "
+    "{code, message, correlation_id}; docs/TROUBLESHOOTING.md explains each code.",
+    "VERSION": RELEASE,
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "modelforge.openapi.declare_error_envelope",
+    ],
+}
+
+# --- Celery ---------------------------------------------------------------------------------------------
+
+CELERY_BROKER_URL = REDIS_URL or "redis://127.0.0.1:6379/0"
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TIMEZONE = "UTC"
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "socket_connect_timeout": 3}
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# The beat schedule is data; django-celery-beat copies it into its tables (editable in the admin).
+# tests/test_celery.py proves every entry names a registered task.
+CELERY_BEAT_SCHEDULE = {
+    "record-worker-seen": {"task": "core.record_worker_seen", "schedule": 60.0},
+}
+
+# --- Logging --------------------------------------------------------------------------------------------
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"correlation": {"()": "modelforge.logging.CorrelationIdFilter"}},
+    "formatters": {
+        "standard": {
+            "format": "%(asctime)s %(levelname)s [%(correlation_id)s] %(name)s: %(message)s",
+        },
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "filters": ["correlation"],
+            "formatter": "standard",
+        },
+    },
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {
+        "django.request": {"level": "ERROR", "propagate": True},
+        "django.server": {"level": "WARNING", "propagate": True},
+    },
+}

@@ -1,0 +1,21 @@
+from django.contrib import admin
+from django.urls import URLPattern, URLResolver, include, path
+from drf_spectacular.views import SpectacularAPIView
+
+from modelforge import health
+
+api_patterns: list[URLPattern | URLResolver] = [
+    path("", include("apps.core.api.urls")),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+]
+
+urlpatterns = [
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("api/v1/", include((api_patterns, "api"))),
+    path("admin/", admin.site.urls),
+    path("", include("apps.core.urls")),
+]
+
+admin.site.site_header = "ModelForge administration"
+admin.site.site_title = "ModelForge admin"
