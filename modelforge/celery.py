@@ -14,7 +14,8 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
-CORRELATION_HEADER = "correlation_id"
+# Not "correlation_id": Celery already uses that name for the task id.
+CORRELATION_HEADER = "modelforge_correlation_id"
 
 
 @signals.before_task_publish.connect
@@ -40,10 +41,3 @@ def _refuse_bad_worker_start(**_: Any) -> None:
     from modelforge.startup import run_entry_checks
 
     run_entry_checks("celery worker")
-
-
-@signals.beat_init.connect
-def _refuse_bad_beat_start(**_: Any) -> None:
-    from modelforge.startup import run_entry_checks
-
-    run_entry_checks("celery beat")

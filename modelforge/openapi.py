@@ -1,8 +1,10 @@
-"""drf-spectacular post-processing: declare the error envelope on every operation."""
+"""drf-spectacular additions: the error envelope on every operation, and our authentication schemes."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
 ENVELOPE = {
     "type": "object",
@@ -45,3 +47,27 @@ def declare_error_envelope(
             for status, description in ERROR_STATUSES.items():
                 operation["responses"].setdefault(status, {"description": description, "content": ref})
     return result
+
+
+class OperatorKeyScheme(OpenApiAuthenticationExtension):
+    """Declares the operator API key as an HTTP bearer scheme."""
+
+    target_class = "modelforge.auth.OperatorKeyAuthentication"
+    name = "operatorKey"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "Authorization: Bearer <MODELFORGE_OPERATOR_API_KEY>",
+        }
+
+
+class StaffSessionScheme(OpenApiAuthenticationExtension):
+    """Declares the staff session cookie (CSRF token required for writes)."""
+
+    target_class = "modelforge.auth.StaffSessionAuthentication"
+    name = "staffSession"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+        return {"type": "apiKey", "in": "cookie", "name": "sessionid"}

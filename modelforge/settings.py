@@ -185,6 +185,7 @@ SPECTACULAR_SETTINGS = {
     "{code, message, correlation_id}; docs/TROUBLESHOOTING.md explains each code.",
     "VERSION": RELEASE,
     "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["modelforge.auth.IsOperator"],
     "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
@@ -204,7 +205,7 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = "UTC"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "socket_connect_timeout": 3}
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_BEAT_SCHEDULER = "modelforge.beat:Scheduler"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 # The beat schedule is data; django-celery-beat copies it into its tables (editable in the admin).

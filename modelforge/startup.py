@@ -59,45 +59,29 @@ def collect_problems(
     database: dict[str, Any] | None,
     redis_url: str | None,
 ) -> list[Problem]:
-    """Every configuration problem: those found while parsing, then the rules spanning settings."""
-    if production:
-        _production_rules(
-            read,
-            secret_key=secret_key,
-            debug=debug,
-            allowed_hosts=allowed_hosts,
-            operator_api_key=operator_api_key,
-            database=database,
-            redis_url=redis_url,
-        )
-    return list(read.problems)
+    """Every configuration problem: those found while parsing, then the rules spanning settings.
 
-
-def _production_rules(
-    read: SettingsReader,
-    *,
-    secret_key: str,
-    debug: bool,
-    allowed_hosts: list[str],
-    operator_api_key: str | None,
-    database: dict[str, Any] | None,
-    redis_url: str | None,
-) -> None:
+    The rules are the same in both environments (development logs what production refuses), except
+    where development has a deliberate default: DEBUG on, loopback hosts, the embedded stack's URLs.
+    """
     del redis_url  # required-ness is checked by name below; its syntax while parsing
-    # 1. Settings production cannot do without.
+    # 1. Settings that cannot be done without.
     required = {
         "MODELFORGE_SECRET_KEY": "production requires a secret key; set it (or MODELFORGE_SECRET_KEY_FILE) "
         f"to at least {MIN_SECRET_KEY_LENGTH} random characters",
         "MODELFORGE_OPERATOR_API_KEY": "production requires an operator API key; set it (or "
         "MODELFORGE_OPERATOR_API_KEY_FILE) to a random value of at least "
         f"{MIN_OPERATOR_KEY_LENGTH} characters",
-        "MODELFORGE_DATABASE_URL": "production requires the PostgreSQL 16+ database URL, "
-        "e.g. postgres://modelforge:<password>@db:5432/modelforge",
-        "MODELFORGE_REDIS_URL": "production requires the Redis URL (broker and router state), "
-        "e.g. redis://redis:6379/0",
-        "MODELFORGE_ALLOWED_HOSTS": "production requires the host names this service answers to, "
-        "comma separated, e.g. modelforge.example.org",
     }
+    if production:
+        required |= {
+            "MODELFORGE_DATABASE_URL": "production requires the PostgreSQL 16+ database URL, "
+            "e.g. postgres://modelforge:<password>@db:5432/modelforge",
+            "MODELFORGE_REDIS_URL": "production requires the Redis URL (broker and router state), "
+            "e.g. redis://redis:6379/0",
+            "MODELFORGE_ALLOWED_HOSTS": "production requires the host names this service answers to, "
+            "comma separated, e.g. modelforge.example.org",
+        }
     for name, message in required.items():
         if not read.is_set(name):
             read.problem(MISSING_REQUIRED_SETTING, name, message)
@@ -124,13 +108,13 @@ def _production_rules(
             f"the operator API key is {len(operator_api_key)} characters; use at least "
             f"{MIN_OPERATOR_KEY_LENGTH} random characters",
         )
-    if debug:
+    if debug and production:
         read.problem(
             INSECURE_PRODUCTION_SETTING,
             "MODELFORGE_DEBUG",
             "DEBUG is on in production, which exposes internals; unset it or set it to false",
         )
-    if "*" in allowed_hosts or any(host.startswith("*") for host in allowed_hosts):
+    if any(host.startswith("*") for host in allowed_hosts):
         read.problem(
             INSECURE_PRODUCTION_SETTING,
             "MODELFORGE_ALLOWED_HOSTS",
@@ -143,6 +127,7 @@ def _production_rules(
             "the database password is a well-known development value; set a strong password "
             "on the database role and in the URL",
         )
+    return list(read.problems)
 
 
 def refusal_text(problems: list[Problem]) -> str:

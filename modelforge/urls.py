@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import URLPattern, URLResolver, include, path
 from drf_spectacular.views import SpectacularAPIView
 
-from modelforge import health
+from modelforge import health, openapi  # openapi registers the schema extensions
 
 api_patterns: list[URLPattern | URLResolver] = [
     path("", include("apps.core.api.urls")),
@@ -16,6 +16,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("apps.core.urls")),
 ]
+
+__all__ = ["openapi", "urlpatterns"]
 
 admin.site.site_header = "ModelForge administration"
 admin.site.site_title = "ModelForge admin"

@@ -1,0 +1,34 @@
+# ModelForge control plane: one image for the web, worker and beat processes (compose/compose.yaml).
+FROM python:3.11-slim-bookworm
+
+# The processes run from the source tree in /app (PYTHONPATH): settings find templates/ and static/
+# beside the packages, and `pip install .` alone does not install those two folders.
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONPATH=/app \
+    MODELFORGE_HOME=/var/lib/modelforge
+
+WORKDIR /app
+
+# Dependencies and packages first, so that a change to templates or static files reuses this layer.
+COPY pyproject.toml ./
+COPY modelforge ./modelforge
+COPY apps ./apps
+COPY agent ./agent
+RUN pip install .
+
+COPY manage.py ./
+COPY templates ./templates
+COPY static ./static
+
+# Never run as root. MODELFORGE_HOME/static is STATIC_ROOT; WhiteNoise warns when it is missing.
+RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/modelforge --create-home \
+        --shell /usr/sbin/nologin modelforge \
+    && mkdir -p /var/lib/modelforge/static \
+    && chown -R modelforge:modelforge /var/lib/modelforge
+USER modelforge
+
+EXPOSE 8000
+CMD ["gunicorn", "-c", "python:modelforge.gunicorn_conf", "modelforge.asgi:application"]

@@ -1,0 +1,224 @@
+"""Shared fixtures: the real PostgreSQL 16 test database, real Redis, real gunicorn and Celery processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from django.conf import settings
+from rest_framework.test import APIClient
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+BIN = Path(PYTHON).parent
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def database_url(name: str | None = None) -> str:
+    db = settings.DATABASES["default"]
+    user = db.get("USER") or "postgres"
+    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+    host, port = db.get("HOST") or "127.0.0.1", db.get("PORT") or 5432
+    return f"postgres://{user}{password}@{host}:{port}/{name or db['NAME']}"
+
+
+def admin_connection() -> psycopg.Connection[Any]:
+    db = settings.DATABASES["default"]
+    return psycopg.connect(
+        host=db.get("HOST") or "127.0.0.1",
+        port=int(db.get("PORT") or 5432),
+        user=db.get("USER") or "postgres",
+        password=db.get("PASSWORD") or None,
+        dbname="postgres",
+        autocommit=True,
+    )
+
+
+def process_env(**overrides: str | None) -> dict[str, str]:
+    """The environment for a child process: ours, with ``overrides`` (``None`` removes a variable)."""
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    for name, value in overrides.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+@dataclass
+class Finished:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_command(argv: list[str], env: dict[str, str], timeout: float = 60) -> Finished:
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return Finished(done.returncode, done.stdout, done.stderr)
+
+
+@dataclass
+class RunningProcess:
+    """A real child process with its combined output in a log file."""
+
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        return self.process.returncode
+
+
+def start_process(argv: list[str], env: dict[str, str], log_path: Path) -> RunningProcess:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    return RunningProcess(process, log_path)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+@dataclass
+class LiveWeb:
+    url: str
+    process: RunningProcess
+
+
+@pytest.fixture(scope="session")
+def live_web(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveWeb]:
+    """The real web application under gunicorn + uvicorn workers, on the test database."""
+    port = free_port()
+    env = process_env(
+        MODELFORGE_DATABASE_URL=database_url(),
+        MODELFORGE_BIND=f"127.0.0.1:{port}",
+        MODELFORGE_WEB_WORKERS="1",
+        MODELFORGE_LOG_LEVEL="INFO",
+    )
+    log_path = tmp_path_factory.mktemp("web") / "gunicorn.log"
+    running = start_process(
+        [PYTHON, "-m", "gunicorn", "-c", "python:modelforge.gunicorn_conf", "modelforge.asgi:application"],
+        env,
+        log_path,
+    )
+    url = f"http://127.0.0.1:{port}"
+    if not wait_until(lambda: http_ok(url + "/healthz"), 60):
+        running.stop()
+        pytest.fail("gunicorn did not answer /healthz within 60 s:\n" + running.log())
+    yield LiveWeb(url, running)
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def celery_worker_process(
+    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningProcess]:
+    """A real Celery worker process consuming from the test Redis, writing to the test database."""
+    from modelforge.celery import app
+
+    env = process_env(MODELFORGE_DATABASE_URL=database_url(), MODELFORGE_LOG_LEVEL="INFO")
+    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
+    hostname = f"test-worker-{os.getpid()}@%h"
+    running = start_process(
+        [
+            PYTHON,
+            "-m",
+            "celery",
+            "-A",
+            "modelforge",
+            "worker",
+            "--pool",
+            "solo",
+            "--without-mingle",
+            "--without-gossip",
+            "--hostname",
+            hostname,
+            "-l",
+            "INFO",
+        ],
+        env,
+        log_path,
+    )
+
+    def answers() -> bool:
+        return bool(app.control.ping(timeout=0.5))
+
+    if not wait_until(answers, 60, interval=0.5):
+        running.stop()
+        pytest.fail("the Celery worker did not answer a ping within 60 s:\n" + running.log())
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def operator_client() -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {settings.OPERATOR_API_KEY}")
+    return client
+
+
+@pytest.fixture
+def anonymous_client() -> APIClient:
+    return APIClient()
+
+
+@pytest.fixture
+def scratch_database() -> Iterator[Callable[[], str]]:
+    """Creates empty databases on the test server; drops them afterwards. Returns their names."""
+    created: list[str] = []
+
+    def make() -> str:
+        name = f"mf_scratch_{os.getpid()}_{len(created)}"
+        with admin_connection() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            conn.execute(f'CREATE DATABASE "{name}"')
+        created.append(name)
+        return name
+
+    yield make
+    with admin_connection() as conn:
+        for name in created:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

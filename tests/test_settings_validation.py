@@ -1,0 +1,194 @@
+"""Start-up validation: every problem collected, each with its code and setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from modelforge import startup
+from modelforge.config import (
+    INSECURE_PRODUCTION_SETTING,
+    INVALID_SETTING,
+    MISSING_REQUIRED_SETTING,
+    SettingsReader,
+)
+
+STRONG_SECRET = "s" * 64
+STRONG_KEY = "k" * 40
+
+
+def problems_for(env: dict[str, str], *, production: bool = True) -> list[tuple[str, str]]:
+    """Run the same reading the settings module does, over ``env``, and return (code, setting) pairs."""
+    read = SettingsReader(env)
+    debug = read.boolean("MODELFORGE_DEBUG", not production)
+    database = read.database("MODELFORGE_DATABASE_URL", None)
+    redis_url = read.url("MODELFORGE_REDIS_URL", None, schemes=("redis", "rediss", "unix"))
+    read.integer("MODELFORGE_PORT", 8000, minimum=1, maximum=65535)
+    hosts = read.csv("MODELFORGE_ALLOWED_HOSTS", [])
+    problems = startup.collect_problems(
+        read,
+        production=production,
+        secret_key=read.string("MODELFORGE_SECRET_KEY") or startup.DEVELOPMENT_SECRET_KEY,
+        debug=debug,
+        allowed_hosts=hosts,
+        operator_api_key=read.string("MODELFORGE_OPERATOR_API_KEY"),
+        database=database,
+        redis_url=redis_url,
+    )
+    return [(p.code, p.setting) for p in problems]
+
+
+def good_production_env(**changes: str) -> dict[str, str]:
+    env = {
+        "MODELFORGE_SECRET_KEY": STRONG_SECRET,
+        "MODELFORGE_OPERATOR_API_KEY": STRONG_KEY,
+        "MODELFORGE_DATABASE_URL": "postgres://modelforge:Xk29-long-unique@db:5432/modelforge",
+        "MODELFORGE_REDIS_URL": "redis://redis:6379/0",
+        "MODELFORGE_ALLOWED_HOSTS": "modelforge.example.org",
+    }
+    env.update(changes)
+    return env
+
+
+def test_a_complete_production_configuration_has_no_problems():
+    assert problems_for(good_production_env()) == []
+
+
+def test_it_collects_every_problem_instead_of_stopping_at_the_first():
+    env = good_production_env(
+        MODELFORGE_DATABASE_URL="postgres://modelforge:postgres@db:5432/modelforge",
+        MODELFORGE_DEBUG="true",
+        MODELFORGE_ALLOWED_HOSTS="*",
+        MODELFORGE_SECRET_KEY="short",
+    )
+    del env["MODELFORGE_OPERATOR_API_KEY"]
+    assert sorted(problems_for(env)) == sorted(
+        [
+            (MISSING_REQUIRED_SETTING, "MODELFORGE_OPERATOR_API_KEY"),
+            (INSECURE_PRODUCTION_SETTING, "MODELFORGE_DATABASE_URL"),
+            (INSECURE_PRODUCTION_SETTING, "MODELFORGE_DEBUG"),
+            (INSECURE_PRODUCTION_SETTING, "MODELFORGE_ALLOWED_HOSTS"),
+            (INSECURE_PRODUCTION_SETTING, "MODELFORGE_SECRET_KEY"),
+        ]
+    )
+
+
+def test_production_requires_its_stores_hosts_and_secrets():
+    assert sorted(problems_for({})) == sorted(
+        (MISSING_REQUIRED_SETTING, name)
+        for name in (
+            "MODELFORGE_SECRET_KEY",
+            "MODELFORGE_OPERATOR_API_KEY",
+            "MODELFORGE_DATABASE_URL",
+            "MODELFORGE_REDIS_URL",
+            "MODELFORGE_ALLOWED_HOSTS",
+        )
+    )
+
+
+@pytest.mark.parametrize("key", [startup.DEVELOPMENT_SECRET_KEY, "django-insecure-" + "a" * 60])
+def test_a_published_secret_key_is_insecure(key):
+    assert (INSECURE_PRODUCTION_SETTING, "MODELFORGE_SECRET_KEY") in problems_for(
+        good_production_env(MODELFORGE_SECRET_KEY=key)
+    )
+
+
+def test_a_short_operator_key_is_insecure():
+    assert problems_for(good_production_env(MODELFORGE_OPERATOR_API_KEY="tooshort")) == [
+        (INSECURE_PRODUCTION_SETTING, "MODELFORGE_OPERATOR_API_KEY")
+    ]
+
+
+@pytest.mark.parametrize("password", ["postgres", "Password", "modelforge", "changeme"])
+def test_a_well_known_database_password_is_insecure(password):
+    url = f"postgres://modelforge:{password}@db:5432/modelforge"
+    assert problems_for(good_production_env(MODELFORGE_DATABASE_URL=url)) == [
+        (INSECURE_PRODUCTION_SETTING, "MODELFORGE_DATABASE_URL")
+    ]
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "enabled", "tru"])
+def test_a_bad_boolean_is_invalid_and_named(value):
+    assert problems_for(good_production_env(MODELFORGE_DEBUG=value)) == [
+        (INVALID_SETTING, "MODELFORGE_DEBUG")
+    ]
+
+
+@pytest.mark.parametrize("value", ["true", "YES", "on", "1", "false", "No", "off", "0"])
+def test_well_formed_booleans_parse(value):
+    read = SettingsReader({"MODELFORGE_DEBUG": value})
+    assert read.boolean("MODELFORGE_DEBUG", default=None) == (value.lower() in {"true", "yes", "on", "1"})  # type: ignore[arg-type]
+    assert read.problems == []
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("MODELFORGE_DATABASE_URL", "not a url"),
+        ("MODELFORGE_DATABASE_URL", "mysql://user:pw@db/modelforge"),
+        ("MODELFORGE_DATABASE_URL", "postgres://user:pw@db:notaport/modelforge"),
+        ("MODELFORGE_DATABASE_URL", "postgres://user:pw@db:5432/"),
+        ("MODELFORGE_REDIS_URL", "http://redis:6379/0"),
+        ("MODELFORGE_REDIS_URL", "redis://"),
+    ],
+)
+def test_a_bad_url_is_invalid_and_named(name, value):
+    assert problems_for(good_production_env(**{name: value})) == [(INVALID_SETTING, name)]
+
+
+@pytest.mark.parametrize("value", ["eighty", "0", "70000"])
+def test_a_bad_port_is_invalid_and_named(value):
+    assert problems_for(good_production_env(MODELFORGE_PORT=value)) == [(INVALID_SETTING, "MODELFORGE_PORT")]
+
+
+def test_an_unknown_environment_is_invalid():
+    read = SettingsReader({"MODELFORGE_ENV": "staging"})
+    assert read.choice("MODELFORGE_ENV", "development", ("development", "production")) == "development"
+    assert [(p.code, p.setting) for p in read.problems] == [(INVALID_SETTING, "MODELFORGE_ENV")]
+
+
+def test_secrets_can_come_from_files(tmp_path: Path):
+    key_file = tmp_path / "operator-key"
+    key_file.write_text(STRONG_KEY + "\n")
+    env = good_production_env(MODELFORGE_OPERATOR_API_KEY_FILE=str(key_file))
+    del env["MODELFORGE_OPERATOR_API_KEY"]
+    read = SettingsReader(env)
+    assert read.string("MODELFORGE_OPERATOR_API_KEY") == STRONG_KEY
+    assert problems_for(env) == []
+
+
+def test_an_unreadable_secret_file_is_invalid_and_named(tmp_path: Path):
+    env = good_production_env(MODELFORGE_OPERATOR_API_KEY_FILE=str(tmp_path / "missing"))
+    del env["MODELFORGE_OPERATOR_API_KEY"]
+    found = problems_for(env)
+    assert (INVALID_SETTING, "MODELFORGE_OPERATOR_API_KEY_FILE") in found
+
+
+def test_a_secret_set_both_ways_is_invalid(tmp_path: Path):
+    key_file = tmp_path / "key"
+    key_file.write_text(STRONG_KEY)
+    env = good_production_env(MODELFORGE_OPERATOR_API_KEY_FILE=str(key_file))
+    assert (INVALID_SETTING, "MODELFORGE_OPERATOR_API_KEY") in problems_for(env)
+
+
+def test_development_reports_the_same_secret_problems_but_not_its_own_defaults():
+    env = {"MODELFORGE_DATABASE_URL": "postgres://modelforge:postgres@127.0.0.1:5432/modelforge"}
+    assert sorted(problems_for(env, production=False)) == sorted(
+        [
+            (MISSING_REQUIRED_SETTING, "MODELFORGE_SECRET_KEY"),
+            (MISSING_REQUIRED_SETTING, "MODELFORGE_OPERATOR_API_KEY"),
+            (INSECURE_PRODUCTION_SETTING, "MODELFORGE_DATABASE_URL"),
+        ]
+    )
+
+
+def test_the_refusal_text_has_the_header_and_one_line_per_problem():
+    read = SettingsReader({})
+    read.problem(MISSING_REQUIRED_SETTING, "MODELFORGE_X", "set it")
+    read.problem(INVALID_SETTING, "MODELFORGE_Y", "fix it")
+    assert startup.refusal_text(read.problems).splitlines() == [
+        "ModelForge refused to start: 2 configuration problem(s) must be resolved.",
+        "- [MISSING_REQUIRED_SETTING] MODELFORGE_X: set it",
+        "- [INVALID_SETTING] MODELFORGE_Y: fix it",
+    ]
