@@ -104,7 +104,7 @@ def check_database(alias: str = "default") -> Incompatibility | None:
             TOO_NEW,
             f"the database was migrated by a newer ModelForge release ({len(unknown_applied)} migration(s) "
             f"this release {settings.RELEASE} does not have: {shown}); run that release or newer, or "
-            "restore a backup taken for this release",
+            "restore a backup taken with this release",
         )
 
     unapplied = sorted(key for key in known if key not in applied and not _replaced_and_applied(loader, key))

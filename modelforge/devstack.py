@@ -104,13 +104,12 @@ def run() -> int:
     if not (env.get("MODELFORGE_OPERATOR_API_KEY") or env.get("MODELFORGE_OPERATOR_API_KEY_FILE")):
         env["MODELFORGE_OPERATOR_API_KEY"] = _secret_file(home / "secrets" / "operator-api-key", 32)
 
-    stack = EmbeddedStack.from_environment(home, env)
     say(f"data folder {home}")
     try:
+        stack = EmbeddedStack.from_environment(home, env)
         env.update(stack.start())
     except (EmbeddedStackError, subprocess.CalledProcessError) as exc:
         say(f"could not start the embedded services: {exc}")
-        stack.stop()
         return 1
     supervisor = Supervisor(env)
 
@@ -200,10 +199,15 @@ def test(pytest_args: list[str]) -> int:
     env["MODELFORGE_ENV"] = "development"
     env.setdefault("MODELFORGE_SECRET_KEY", "test-" + secrets.token_urlsafe(48))
     env.setdefault("MODELFORGE_OPERATOR_API_KEY", "test-operator-" + secrets.token_urlsafe(24))
-    stack = EmbeddedStack.from_environment(home, env)
-    stack.destroy()
     try:
+        stack = EmbeddedStack.from_environment(home, env)
+        stack.destroy()
         env.update(stack.start(persistent=False))
+    except (EmbeddedStackError, subprocess.CalledProcessError) as exc:
+        # Keep the folder: its logs say why.
+        say(f"could not start the throw-away services: {exc} (logs under {home})")
+        return 1
+    try:
         bin_dir = Path(PYTHON).parent
         steps = [
             ["ruff", [str(bin_dir / "ruff"), "check", "."]],

@@ -226,6 +226,13 @@ class EmbeddedRedis:
             time.sleep(0.1)
 
 
+def _port(environ: os._Environ[str] | dict[str, str], name: str, default: int) -> int:
+    raw = environ.get(name) or str(default)
+    if not raw.isdigit() or not 1024 <= int(raw) <= 65535:
+        raise EmbeddedStackError(f"[INVALID_SETTING] {name}: {raw!r} is not a port between 1024 and 65535")
+    return int(raw)
+
+
 @dataclass
 class EmbeddedStack:
     """The services the platform needs, started only where no URL was given."""
@@ -240,12 +247,12 @@ class EmbeddedStack:
     def from_environment(cls, home: Path, environ: os._Environ[str] | dict[str, str]) -> EmbeddedStack:
         stack = cls(
             home=home,
-            pg_port=int(environ.get("MODELFORGE_EMBEDDED_PG_PORT", "54329")),
-            redis_port=int(environ.get("MODELFORGE_EMBEDDED_REDIS_PORT", "63799")),
+            pg_port=_port(environ, "MODELFORGE_EMBEDDED_PG_PORT", 54329),
+            redis_port=_port(environ, "MODELFORGE_EMBEDDED_REDIS_PORT", 63799),
         )
         if not environ.get("MODELFORGE_DATABASE_URL") and not environ.get("MODELFORGE_DATABASE_URL_FILE"):
             stack.postgres = EmbeddedPostgres(home / "postgres" / "data", stack.pg_port)
-        if not environ.get("MODELFORGE_REDIS_URL"):
+        if not environ.get("MODELFORGE_REDIS_URL") and not environ.get("MODELFORGE_REDIS_URL_FILE"):
             stack.redis = EmbeddedRedis(home / "redis", stack.redis_port)
         return stack
 

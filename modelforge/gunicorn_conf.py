@@ -14,8 +14,8 @@ from modelforge.startup import run_entry_checks
 
 run_entry_checks("web")
 
-bind = os.environ.get("MODELFORGE_BIND") or f"{settings.HOST}:{settings.PORT}"
-workers = int(os.environ.get("MODELFORGE_WEB_WORKERS", "2"))
+bind = settings.BIND
+workers = settings.WEB_WORKERS
 worker_class = "modelforge.gunicorn_worker.Worker"
 graceful_timeout = 10
 timeout = 60

@@ -19,12 +19,8 @@ def current_correlation_id() -> str:
     return _correlation_id.get()
 
 
-def set_correlation_id(value: str) -> object:
-    return _correlation_id.set(value)
-
-
-def reset_correlation_id(token: object) -> None:
-    _correlation_id.reset(token)  # type: ignore[arg-type]
+def set_correlation_id(value: str) -> None:
+    _correlation_id.set(value)
 
 
 def accept_or_generate(header_value: str | None) -> str:

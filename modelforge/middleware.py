@@ -23,7 +23,7 @@ from modelforge.errors import (
     envelope_response,
     internal_server_error,
 )
-from modelforge.logging import accept_or_generate, reset_correlation_id, set_correlation_id
+from modelforge.logging import accept_or_generate, set_correlation_id
 
 logger = logging.getLogger("modelforge.request")
 error_logger = logging.getLogger("modelforge.errors")
@@ -40,21 +40,21 @@ class CorrelationIdMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         correlation_id = accept_or_generate(request.headers.get(HEADER))
         request.correlation_id = correlation_id  # type: ignore[attr-defined]
-        token = set_correlation_id(correlation_id)
+        # Not reset when the response leaves: Django logs some responses (django.request) after every
+        # middleware has returned, and those lines must carry the id too. Each request sets its own,
+        # and under ASGI each request runs in its own context.
+        set_correlation_id(correlation_id)
         started = time.monotonic()
-        try:
-            response = self.get_response(request)
-            response[HEADER] = correlation_id
-            logger.info(
-                "%s %s -> %s in %.1f ms",
-                request.method,
-                request.path,
-                response.status_code,
-                (time.monotonic() - started) * 1000,
-            )
-            return response
-        finally:
-            reset_correlation_id(token)
+        response = self.get_response(request)
+        response[HEADER] = correlation_id
+        logger.info(
+            "%s %s -> %s in %.1f ms",
+            request.method,
+            request.path,
+            response.status_code,
+            (time.monotonic() - started) * 1000,
+        )
+        return response
 
 
 def _message_from(response: HttpResponse, status: int) -> str:

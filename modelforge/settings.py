@@ -19,14 +19,18 @@ RELEASE = "0.1.0"
 read = SettingsReader()
 
 MODELFORGE_ENV = read.choice("MODELFORGE_ENV", "development", ("development", "production"))
-PRODUCTION = MODELFORGE_ENV == "production"
+# A misspelt environment fails closed: it is judged as production, so the refusal names it.
+PRODUCTION = MODELFORGE_ENV == "production" or any(p.setting == "MODELFORGE_ENV" for p in read.problems)
+if PRODUCTION:
+    MODELFORGE_ENV = "production"
 
 MODELFORGE_HOME = Path(read.string("MODELFORGE_HOME", str(BASE_DIR / ".modelforge")) or "").resolve()
 EMBEDDED_PG_PORT = read.integer("MODELFORGE_EMBEDDED_PG_PORT", 54329, minimum=1024, maximum=65535)
 EMBEDDED_REDIS_PORT = read.integer("MODELFORGE_EMBEDDED_REDIS_PORT", 63799, minimum=1024, maximum=65535)
 
 DEBUG = read.boolean("MODELFORGE_DEBUG", not PRODUCTION)
-SECRET_KEY = read.string("MODELFORGE_SECRET_KEY") or startup.DEVELOPMENT_SECRET_KEY
+_secret_key = read.string("MODELFORGE_SECRET_KEY")
+SECRET_KEY = _secret_key or startup.DEVELOPMENT_SECRET_KEY
 ALLOWED_HOSTS = read.csv(
     "MODELFORGE_ALLOWED_HOSTS", [] if PRODUCTION else ["127.0.0.1", "localhost", "[::1]"]
 )
@@ -41,6 +45,8 @@ REDIS_URL = read.url("MODELFORGE_REDIS_URL", _dev_redis_url, schemes=("redis", "
 
 HOST = read.string("MODELFORGE_HOST", "127.0.0.1")
 PORT = read.integer("MODELFORGE_PORT", 8000, minimum=1, maximum=65535)
+WEB_WORKERS = read.integer("MODELFORGE_WEB_WORKERS", 2, minimum=1, maximum=64)
+BIND = read.string("MODELFORGE_BIND", f"{HOST}:{PORT}")
 LOG_LEVEL: str = read.choice("MODELFORGE_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
 DATA_UPLOAD_MAX_MEMORY_SIZE = read.integer("MODELFORGE_MAX_REQUEST_BYTES", 1_048_576, minimum=1024)
 SECURE_COOKIES = read.boolean("MODELFORGE_SECURE_COOKIES", PRODUCTION)
@@ -49,7 +55,7 @@ CELERY_TASK_ALWAYS_EAGER = False
 MODELFORGE_CONFIG_PROBLEMS = startup.collect_problems(
     read,
     production=PRODUCTION,
-    secret_key=SECRET_KEY,
+    secret_key=_secret_key,
     debug=DEBUG,
     allowed_hosts=ALLOWED_HOSTS,
     operator_api_key=OPERATOR_API_KEY,

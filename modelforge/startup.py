@@ -52,7 +52,7 @@ def collect_problems(
     read: SettingsReader,
     *,
     production: bool,
-    secret_key: str,
+    secret_key: str | None,
     debug: bool,
     allowed_hosts: list[str],
     operator_api_key: str | None,
@@ -87,7 +87,8 @@ def collect_problems(
             read.problem(MISSING_REQUIRED_SETTING, name, message)
 
     # 2. Values that are set but unsafe.
-    if read.is_set("MODELFORGE_SECRET_KEY"):
+    # Judge only a value that was read: a secret set twice or an unreadable file is reported as such.
+    if secret_key:
         if secret_key == DEVELOPMENT_SECRET_KEY or secret_key.startswith("django-insecure"):
             read.problem(
                 INSECURE_PRODUCTION_SETTING,

@@ -29,7 +29,7 @@ def problems_for(env: dict[str, str], *, production: bool = True) -> list[tuple[
     problems = startup.collect_problems(
         read,
         production=production,
-        secret_key=read.string("MODELFORGE_SECRET_KEY") or startup.DEVELOPMENT_SECRET_KEY,
+        secret_key=read.string("MODELFORGE_SECRET_KEY"),
         debug=debug,
         allowed_hosts=hosts,
         operator_api_key=read.string("MODELFORGE_OPERATOR_API_KEY"),
@@ -165,11 +165,11 @@ def test_an_unreadable_secret_file_is_invalid_and_named(tmp_path: Path):
     assert (INVALID_SETTING, "MODELFORGE_OPERATOR_API_KEY_FILE") in found
 
 
-def test_a_secret_set_both_ways_is_invalid(tmp_path: Path):
+def test_a_secret_set_both_ways_is_invalid_and_nothing_else(tmp_path: Path):
     key_file = tmp_path / "key"
-    key_file.write_text(STRONG_KEY)
-    env = good_production_env(MODELFORGE_OPERATOR_API_KEY_FILE=str(key_file))
-    assert (INVALID_SETTING, "MODELFORGE_OPERATOR_API_KEY") in problems_for(env)
+    key_file.write_text(STRONG_SECRET)
+    env = good_production_env(MODELFORGE_SECRET_KEY_FILE=str(key_file))
+    assert problems_for(env) == [(INVALID_SETTING, "MODELFORGE_SECRET_KEY")]
 
 
 def test_development_reports_the_same_secret_problems_but_not_its_own_defaults():

@@ -89,6 +89,18 @@ def test_a_bad_boolean_and_a_bad_url_refuse_production_naming_both():
     assert "- [INVALID_SETTING] MODELFORGE_REDIS_URL: scheme 'http' is not supported" in finished.stderr
 
 
+@pytest.mark.stack
+def test_a_misspelt_environment_fails_closed():
+    env = process_env(MODELFORGE_ENV="Production", MODELFORGE_WEB_WORKERS="two")
+    finished = run_command(ENTRY_POINTS["manage.py"], env)
+    assert finished.returncode == 3, finished.stderr[-2000:]
+    assert (
+        "- [INVALID_SETTING] MODELFORGE_ENV: 'Production' is not one of development, production"
+        in finished.stderr
+    )
+    assert "- [INVALID_SETTING] MODELFORGE_WEB_WORKERS: 'two' is not a whole number" in finished.stderr
+
+
 def development(**extra: str) -> dict[str, str]:
     """The same broken configuration, in development."""
     env = broken_production_env()
