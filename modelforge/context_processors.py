@@ -9,13 +9,13 @@ from django.http import HttpRequest
 # shape of the product is visible from the first page; each issue that builds one adds its url name.
 NAVIGATION: list[dict[str, str | None]] = [
     {"key": "home", "label": "Overview", "url_name": "dashboard:home"},
-    {"key": "nodes", "label": "Nodes", "url_name": None},
+    {"key": "nodes", "label": "Nodes", "url_name": "nodes:list"},
     {"key": "servers", "label": "Model servers", "url_name": None},
     {"key": "clusters", "label": "Clusters", "url_name": None},
     {"key": "artifacts", "label": "Artifacts", "url_name": None},
     {"key": "backups", "label": "Backups", "url_name": None},
     {"key": "migrations", "label": "Migrations", "url_name": None},
-    {"key": "alerts", "label": "Alerts", "url_name": None},
+    {"key": "alerts", "label": "Alerts", "url_name": "alerts:list"},
 ]
 
 

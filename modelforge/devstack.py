@@ -103,6 +103,8 @@ def run() -> int:
         env["MODELFORGE_SECRET_KEY"] = _secret_file(home / "secrets" / "secret-key", 48)
     if not (env.get("MODELFORGE_OPERATOR_API_KEY") or env.get("MODELFORGE_OPERATOR_API_KEY_FILE")):
         env["MODELFORGE_OPERATOR_API_KEY"] = _secret_file(home / "secrets" / "operator-api-key", 32)
+    if not (env.get("MODELFORGE_CLUSTER_SECRET") or env.get("MODELFORGE_CLUSTER_SECRET_FILE")):
+        env["MODELFORGE_CLUSTER_SECRET"] = _secret_file(home / "secrets" / "cluster-secret", 32)
 
     say(f"data folder {home}")
     try:
@@ -199,6 +201,7 @@ def test(pytest_args: list[str]) -> int:
     env["MODELFORGE_ENV"] = "development"
     env.setdefault("MODELFORGE_SECRET_KEY", "test-" + secrets.token_urlsafe(48))
     env.setdefault("MODELFORGE_OPERATOR_API_KEY", "test-operator-" + secrets.token_urlsafe(24))
+    env.setdefault("MODELFORGE_CLUSTER_SECRET", "test-cluster-" + secrets.token_urlsafe(24))
     try:
         stack = EmbeddedStack.from_environment(home, env)
         stack.destroy()

@@ -52,6 +52,16 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = read.integer("MODELFORGE_MAX_REQUEST_BYTES", 1_048
 SECURE_COOKIES = read.boolean("MODELFORGE_SECURE_COOKIES", PRODUCTION)
 CELERY_TASK_ALWAYS_EAGER = False
 
+# Nodes: how often agents report, and when silence makes a node stale, then offline (CONFIGURATION.md
+# explains the defaults: stale after three missed intervals plus a margin, so jitter never flaps).
+HEARTBEAT_INTERVAL = read.integer("MODELFORGE_HEARTBEAT_INTERVAL", 10, minimum=1, maximum=300)
+NODE_STALE_AFTER = read.integer("MODELFORGE_NODE_STALE_AFTER", 35, minimum=2, maximum=3600)
+NODE_OFFLINE_AFTER = read.integer("MODELFORGE_NODE_OFFLINE_AFTER", 90, minimum=3, maximum=86400)
+LIVENESS_SWEEP_INTERVAL = read.integer("MODELFORGE_LIVENESS_SWEEP_INTERVAL", 5, minimum=1, maximum=300)
+ENROLLMENT_TOKEN_TTL = read.integer("MODELFORGE_ENROLLMENT_TOKEN_TTL", 3600, minimum=60, maximum=30 * 86400)
+AGENT_CALL_TIMEOUT = read.integer("MODELFORGE_AGENT_CALL_TIMEOUT", 10, minimum=1, maximum=300)
+CLUSTER_SECRET = read.string("MODELFORGE_CLUSTER_SECRET")
+
 MODELFORGE_CONFIG_PROBLEMS = startup.collect_problems(
     read,
     production=PRODUCTION,
@@ -59,6 +69,8 @@ MODELFORGE_CONFIG_PROBLEMS = startup.collect_problems(
     debug=DEBUG,
     allowed_hosts=ALLOWED_HOSTS,
     operator_api_key=OPERATOR_API_KEY,
+    cluster_secret=CLUSTER_SECRET,
+    liveness=(HEARTBEAT_INTERVAL, NODE_STALE_AFTER, NODE_OFFLINE_AFTER),
     database=_database,
     redis_url=REDIS_URL,
 )
@@ -77,6 +89,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "django_celery_beat",
     "apps.core",
+    "apps.alerts",
+    "apps.nodes",
 ]
 
 MIDDLEWARE = [
@@ -218,6 +232,8 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # tests/test_celery.py proves every entry names a registered task.
 CELERY_BEAT_SCHEDULE = {
     "record-worker-seen": {"task": "core.record_worker_seen", "schedule": 60.0},
+    "sweep-node-liveness": {"task": "nodes.sweep_liveness", "schedule": float(LIVENESS_SWEEP_INTERVAL)},
+    "ping-online-nodes": {"task": "nodes.ping_online_nodes", "schedule": 60.0},
 }
 
 # --- Logging --------------------------------------------------------------------------------------------

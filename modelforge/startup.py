@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 
 from modelforge.config import (
     INSECURE_PRODUCTION_SETTING,
+    INVALID_SETTING,
     MISSING_REQUIRED_SETTING,
     Problem,
     SettingsReader,
@@ -26,6 +27,7 @@ EXIT_REFUSED = 3
 DEVELOPMENT_SECRET_KEY = "modelforge-development-secret-key-do-not-use-in-production"
 MIN_SECRET_KEY_LENGTH = 50
 MIN_OPERATOR_KEY_LENGTH = 32
+MIN_CLUSTER_SECRET_LENGTH = 16
 
 # Passwords that ship in tutorials, images and compose files; a production database must not use one.
 WELL_KNOWN_DATABASE_PASSWORDS = frozenset(
@@ -58,6 +60,8 @@ def collect_problems(
     operator_api_key: str | None,
     database: dict[str, Any] | None,
     redis_url: str | None,
+    cluster_secret: str | None = None,
+    liveness: tuple[int, int, int] = (10, 35, 90),
 ) -> list[Problem]:
     """Every configuration problem: those found while parsing, then the rules spanning settings.
 
@@ -72,6 +76,9 @@ def collect_problems(
         "MODELFORGE_OPERATOR_API_KEY": "production requires an operator API key; set it (or "
         "MODELFORGE_OPERATOR_API_KEY_FILE) to a random value of at least "
         f"{MIN_OPERATOR_KEY_LENGTH} characters",
+        "MODELFORGE_CLUSTER_SECRET": "a cluster secret is required to sign calls to node agents; set it (or "
+        f"MODELFORGE_CLUSTER_SECRET_FILE) to at least {MIN_CLUSTER_SECRET_LENGTH} random characters, and "
+        "give every agent the same value in MODELFORGE_AGENT_CLUSTER_SECRET",
     }
     if production:
         required |= {
@@ -108,6 +115,27 @@ def collect_problems(
             "MODELFORGE_OPERATOR_API_KEY",
             f"the operator API key is {len(operator_api_key)} characters; use at least "
             f"{MIN_OPERATOR_KEY_LENGTH} random characters",
+        )
+    if cluster_secret and len(cluster_secret) < MIN_CLUSTER_SECRET_LENGTH:
+        read.problem(
+            INSECURE_PRODUCTION_SETTING,
+            "MODELFORGE_CLUSTER_SECRET",
+            f"the cluster secret is {len(cluster_secret)} characters; use at least "
+            f"{MIN_CLUSTER_SECRET_LENGTH} random characters",
+        )
+    interval, stale_after, offline_after = liveness
+    if stale_after < 3 * interval:
+        read.problem(
+            INVALID_SETTING,
+            "MODELFORGE_NODE_STALE_AFTER",
+            f"{stale_after} s is less than three heartbeat intervals ({3 * interval} s); a late heartbeat "
+            "would flap nodes to stale. Raise it or lower MODELFORGE_HEARTBEAT_INTERVAL",
+        )
+    if offline_after <= stale_after:
+        read.problem(
+            INVALID_SETTING,
+            "MODELFORGE_NODE_OFFLINE_AFTER",
+            f"{offline_after} s must be greater than MODELFORGE_NODE_STALE_AFTER ({stale_after} s)",
         )
     if debug and production:
         read.problem(

@@ -6,6 +6,8 @@ from modelforge import health, openapi  # openapi registers the schema extension
 
 api_patterns: list[URLPattern | URLResolver] = [
     path("", include("apps.core.api.urls")),
+    path("", include("apps.nodes.api.urls")),
+    path("", include("apps.alerts.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
 ]
 
@@ -14,6 +16,8 @@ urlpatterns = [
     path("readyz", health.readyz, name="readyz"),
     path("api/v1/", include((api_patterns, "api"))),
     path("admin/", admin.site.urls),
+    path("nodes/", include("apps.nodes.urls")),
+    path("alerts/", include("apps.alerts.urls")),
     path("", include("apps.core.urls")),
 ]
 

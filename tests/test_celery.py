@@ -7,7 +7,7 @@ from django.conf import settings
 
 from apps.core.models import Installation
 from modelforge.celery import app
-from tests.conftest import wait_until
+from tests.fixtures import wait_until
 
 
 def test_tasks_are_acknowledged_late_one_at_a_time():

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from django.contrib.auth.models import User
 
-from tests.conftest import ARTIFACTS
+from tests.fixtures import ARTIFACTS
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Without these, chromium spends its start-up reaching for Google's hosts on a closed network.

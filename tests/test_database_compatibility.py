@@ -7,7 +7,7 @@ import os
 import psycopg
 import pytest
 
-from tests.conftest import PYTHON, database_url, process_env, run_command
+from tests.fixtures import PYTHON, database_url, process_env, run_command
 
 # The machine's system PostgreSQL 15 service: real, and older than ModelForge supports.
 PG15_URL = os.environ.get("MODELFORGE_TEST_PG15_URL", "postgres://postgres@127.0.0.1:5432/postgres")

@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import PYTHON, free_port, http_ok, process_env, start_process, wait_until
+from tests.fixtures import PYTHON, free_port, http_ok, process_env, start_process, wait_until
 
 pytestmark = pytest.mark.stack
 
@@ -27,6 +27,7 @@ def test_the_embedded_platform_starts_serves_and_stops_cleanly(tmp_path):
         MODELFORGE_REDIS_URL=None,
         MODELFORGE_SECRET_KEY=None,
         MODELFORGE_OPERATOR_API_KEY=None,
+        MODELFORGE_CLUSTER_SECRET=None,
         MODELFORGE_WEB_WORKERS="1",
         MODELFORGE_WORKER_CONCURRENCY="1",
     )

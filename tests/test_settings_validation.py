@@ -35,6 +35,12 @@ def problems_for(env: dict[str, str], *, production: bool = True) -> list[tuple[
         operator_api_key=read.string("MODELFORGE_OPERATOR_API_KEY"),
         database=database,
         redis_url=redis_url,
+        cluster_secret=read.string("MODELFORGE_CLUSTER_SECRET"),
+        liveness=(
+            read.integer("MODELFORGE_HEARTBEAT_INTERVAL", 10),
+            read.integer("MODELFORGE_NODE_STALE_AFTER", 35),
+            read.integer("MODELFORGE_NODE_OFFLINE_AFTER", 90),
+        ),
     )
     return [(p.code, p.setting) for p in problems]
 
@@ -46,6 +52,7 @@ def good_production_env(**changes: str) -> dict[str, str]:
         "MODELFORGE_DATABASE_URL": "postgres://modelforge:Xk29-long-unique@db:5432/modelforge",
         "MODELFORGE_REDIS_URL": "redis://redis:6379/0",
         "MODELFORGE_ALLOWED_HOSTS": "modelforge.example.org",
+        "MODELFORGE_CLUSTER_SECRET": "c" * 32,
     }
     env.update(changes)
     return env
@@ -80,6 +87,7 @@ def test_production_requires_its_stores_hosts_and_secrets():
         for name in (
             "MODELFORGE_SECRET_KEY",
             "MODELFORGE_OPERATOR_API_KEY",
+            "MODELFORGE_CLUSTER_SECRET",
             "MODELFORGE_DATABASE_URL",
             "MODELFORGE_REDIS_URL",
             "MODELFORGE_ALLOWED_HOSTS",
@@ -178,6 +186,7 @@ def test_development_reports_the_same_secret_problems_but_not_its_own_defaults()
         [
             (MISSING_REQUIRED_SETTING, "MODELFORGE_SECRET_KEY"),
             (MISSING_REQUIRED_SETTING, "MODELFORGE_OPERATOR_API_KEY"),
+            (MISSING_REQUIRED_SETTING, "MODELFORGE_CLUSTER_SECRET"),
             (INSECURE_PRODUCTION_SETTING, "MODELFORGE_DATABASE_URL"),
         ]
     )
@@ -192,3 +201,19 @@ def test_the_refusal_text_has_the_header_and_one_line_per_problem():
         "- [MISSING_REQUIRED_SETTING] MODELFORGE_X: set it",
         "- [INVALID_SETTING] MODELFORGE_Y: fix it",
     ]
+
+
+def test_a_short_cluster_secret_is_insecure():
+    assert problems_for(good_production_env(MODELFORGE_CLUSTER_SECRET="short")) == [
+        (INSECURE_PRODUCTION_SETTING, "MODELFORGE_CLUSTER_SECRET")
+    ]
+
+
+def test_a_stale_limit_under_three_intervals_would_flap_nodes_and_is_refused():
+    env = good_production_env(MODELFORGE_HEARTBEAT_INTERVAL="10", MODELFORGE_NODE_STALE_AFTER="25")
+    assert problems_for(env) == [(INVALID_SETTING, "MODELFORGE_NODE_STALE_AFTER")]
+
+
+def test_offline_must_come_after_stale():
+    env = good_production_env(MODELFORGE_NODE_STALE_AFTER="60", MODELFORGE_NODE_OFFLINE_AFTER="60")
+    assert problems_for(env) == [(INVALID_SETTING, "MODELFORGE_NODE_OFFLINE_AFTER")]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import (
+from tests.fixtures import (
     PYTHON,
     database_url,
     free_port,
@@ -53,6 +53,7 @@ def broken_production_env() -> dict[str, str]:
         MODELFORGE_DEBUG=None,
         MODELFORGE_SECRET_KEY="p" * 64,
         MODELFORGE_ALLOWED_HOSTS="modelforge.example.org",
+        MODELFORGE_CLUSTER_SECRET="c" * 32,
         # Port 1: nothing answers, so nothing could start even if validation were skipped.
         MODELFORGE_DATABASE_URL="postgres://modelforge:postgres@127.0.0.1:1/modelforge",
         MODELFORGE_REDIS_URL="redis://127.0.0.1:1/0",
@@ -76,6 +77,7 @@ def test_a_bad_boolean_and_a_bad_url_refuse_production_naming_both():
     env = process_env(
         MODELFORGE_ENV="production",
         MODELFORGE_OPERATOR_API_KEY="o" * 40,
+        MODELFORGE_CLUSTER_SECRET="c" * 32,
         MODELFORGE_SECRET_KEY="p" * 64,
         MODELFORGE_ALLOWED_HOSTS="modelforge.example.org",
         MODELFORGE_DATABASE_URL="postgres://modelforge:Str0ng-and-long@127.0.0.1:1/modelforge",

@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class AlertsConfig(AppConfig):
+    """Alerts: raise, de-duplicate, clear. Knows no domain; subjects are named, not linked."""
+
+    name = "apps.alerts"
+    label = "alerts"
+    default_auto_field = "django.db.models.BigAutoField"

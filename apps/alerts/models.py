@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+
+from django.db import connection, models
+from django.utils import timezone
+
+from apps.alerts.choices import Severity
+
+
+def dedup_key_for(code: str, subject_type: str, subject_id: str) -> str:
+    return f"{code}:{subject_type}:{subject_id}"
+
+
+class AlertQuerySet(models.QuerySet["Alert"]):
+    def open(self) -> AlertQuerySet:
+        return self.filter(cleared_at__isnull=True)
+
+
+class AlertManager(models.Manager["Alert"]):
+    def get_queryset(self) -> AlertQuerySet:
+        return AlertQuerySet(self.model, using=self._db)
+
+    def open(self) -> AlertQuerySet:
+        return self.get_queryset().open()
+
+    def raise_many(
+        self,
+        code: str,
+        severity: str,
+        subject_type: str,
+        subjects: Sequence[tuple[str, str]],
+        message: str,
+        at: datetime | None = None,
+    ) -> int:
+        """Raise ``code`` for each ``(subject_id, subject_name)`` in one statement.
+
+        An alert already open for the same de-duplication key is not duplicated: it counts one more
+        occurrence. ``message`` may contain ``{name}``. Returns how many new alerts were opened.
+        """
+        if not subjects:
+            return 0
+        at = at or timezone.now()
+        ids = [str(subject_id) for subject_id, _ in subjects]
+        names = [name for _, name in subjects]
+        keys = [dedup_key_for(code, subject_type, subject_id) for subject_id in ids]
+        messages = [message.format(name=name) for name in names]
+        table = self.model._meta.db_table
+        # ON CONFLICT on the partial unique index (one open alert per key) makes raising idempotent
+        # and race-safe; xmax = 0 tells an inserted row from an updated one.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""
+                INSERT INTO {table} (code, severity, subject_type, subject_id, subject_name, dedup_key,
+                                     message, raised_at, last_raised_at, occurrences)
+                SELECT %s, %s, %s, s.id, s.name, s.key, s.message, %s, %s, 1
+                FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) AS s(id, name, key, message)
+                ON CONFLICT (dedup_key) WHERE cleared_at IS NULL
+                DO UPDATE SET last_raised_at = EXCLUDED.last_raised_at,
+                              occurrences = {table}.occurrences + 1,
+                              message = EXCLUDED.message
+                RETURNING (xmax = 0)
+                """,  # noqa: S608 -- the table name is ours; every value is a parameter
+                [code, severity, subject_type, at, at, ids, names, keys, messages],
+            )
+            return sum(1 for (inserted,) in cursor.fetchall() if inserted)
+
+    def raise_alert(
+        self,
+        code: str,
+        severity: str,
+        subject_type: str,
+        subject_id: str,
+        subject_name: str,
+        message: str,
+        at: datetime | None = None,
+    ) -> bool:
+        """Raise one alert; ``True`` if a new one was opened, ``False`` if it was already open."""
+        return self.raise_many(code, severity, subject_type, [(subject_id, subject_name)], message, at) == 1
+
+    def clear(self, keys: Iterable[str], at: datetime | None = None) -> int:
+        """Clear the open alerts with these de-duplication keys; returns how many were cleared."""
+        keys = list(keys)
+        if not keys:
+            return 0
+        return self.open().filter(dedup_key__in=keys).update(cleared_at=at or timezone.now())
+
+    def clear_for(
+        self, codes: Iterable[str], subject_type: str, subject_id: str, at: datetime | None = None
+    ) -> int:
+        return self.clear((dedup_key_for(code, subject_type, str(subject_id)) for code in codes), at)
+
+
+class Alert(models.Model):
+    """A condition that needs an operator's attention, raised once and cleared when it no longer holds."""
+
+    code = models.CharField(max_length=64, db_index=True)
+    severity = models.CharField(max_length=16, choices=Severity.choices, db_index=True)
+    subject_type = models.CharField(max_length=32)
+    subject_id = models.CharField(max_length=64)
+    subject_name = models.CharField(max_length=255)
+    dedup_key = models.CharField(max_length=255)
+    message = models.TextField()
+    raised_at = models.DateTimeField(default=timezone.now, db_index=True)
+    last_raised_at = models.DateTimeField(default=timezone.now)
+    cleared_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    occurrences = models.PositiveIntegerField(default=1)
+
+    objects = AlertManager()
+
+    class Meta:
+        ordering = ["-raised_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["dedup_key"],
+                condition=models.Q(cleared_at__isnull=True),
+                name="alerts_one_open_alert_per_key",
+            ),
+        ]
+        indexes = [models.Index(fields=["subject_type", "subject_id"], name="alerts_subject_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.code} on {self.subject_type} {self.subject_name}"
+
+    @property
+    def is_open(self) -> bool:
+        return self.cleared_at is None

@@ -1,0 +1,165 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from apps.nodes.choices import Accelerator
+from apps.nodes.heartbeat import StrictSerializer
+from apps.nodes.models import GPU, EnrollmentToken, Node, NodeEvent
+
+NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+
+
+class EnrollRequestSerializer(StrictSerializer):
+    token = serializers.CharField(max_length=128)
+    name = serializers.RegexField(
+        NODE_NAME,
+        max_length=63,
+        error_messages={
+            "invalid": "Use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit."
+        },
+    )
+    accelerator = serializers.ChoiceField(choices=Accelerator.choices)
+    agent_version = serializers.CharField(max_length=32)
+    agent_url = serializers.URLField(max_length=255)
+
+
+class EnrollResponseSerializer(serializers.Serializer):
+    node_id = serializers.UUIDField()
+    node_name = serializers.CharField()
+    credential = serializers.CharField(help_text="Shown once; the control plane keeps only its digest.")
+    heartbeat_interval_s = serializers.IntegerField()
+
+
+class HeartbeatResponseSerializer(serializers.Serializer):
+    node_id = serializers.UUIDField()
+    liveness = serializers.CharField()
+    enabled = serializers.BooleanField()
+    heartbeat_interval_s = serializers.IntegerField()
+
+
+class GPUSerializer(serializers.ModelSerializer):
+    memory_external_bytes = serializers.IntegerField(read_only=True)
+    memory_free_bytes = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = GPU
+        fields = [
+            "index",
+            "uuid",
+            "name",
+            "memory_total_bytes",
+            "memory_used_bytes",
+            "memory_managed_bytes",
+            "memory_external_bytes",
+            "memory_free_bytes",
+            "utilization_percent",
+            "temperature_c",
+            "reported_at",
+        ]
+
+
+class NodeEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = NodeEvent
+        fields = ["kind", "from_liveness", "to_liveness", "at", "detail"]
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    """A node as operators see it. Only ``enabled`` is writable, and only through enable/disable."""
+
+    gpus = GPUSerializer(many=True, read_only=True)
+    assignable = serializers.SerializerMethodField()
+    cluster_secret_mismatch = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Node
+        fields = [
+            "id",
+            "name",
+            "accelerator",
+            "enabled",
+            "liveness",
+            "assignable",
+            "last_heartbeat_at",
+            "enrolled_at",
+            "agent_version",
+            "agent_url",
+            "agent_reached_at",
+            "agent_error",
+            "cluster_secret_mismatch",
+            "secret_mismatch_at",
+            "cpu_count",
+            "load_1m",
+            "memory_total_bytes",
+            "memory_available_bytes",
+            "shm_total_bytes",
+            "shm_free_bytes",
+            "models_present",
+            "gpus",
+        ]
+        read_only_fields = fields
+
+    def get_assignable(self, node: Node) -> bool:
+        return node.is_assignable()
+
+    def get_cluster_secret_mismatch(self, node: Node) -> bool:
+        return node.secret_mismatch_at is not None
+
+
+class NodeDetailSerializer(NodeSerializer):
+    recent_events = serializers.SerializerMethodField()
+
+    class Meta(NodeSerializer.Meta):
+        fields = [*NodeSerializer.Meta.fields, "recent_events"]
+        read_only_fields = fields
+
+    def get_recent_events(self, node: Node) -> list[dict[str, Any]]:
+        return NodeEventSerializer(node.events.all()[:20], many=True).data  # type: ignore[return-value]
+
+
+class EnrollmentTokenSerializer(serializers.ModelSerializer):
+    state = serializers.CharField(read_only=True)
+    ttl_seconds = serializers.IntegerField(
+        write_only=True,
+        required=False,
+        min_value=60,
+        max_value=30 * 86400,
+        help_text="Lifetime in seconds (default MODELFORGE_ENROLLMENT_TOKEN_TTL).",
+    )
+    node_name = serializers.CharField(source="node.name", read_only=True, default=None)
+
+    class Meta:
+        model = EnrollmentToken
+        fields = [
+            "id",
+            "display_prefix",
+            "note",
+            "created_at",
+            "expires_at",
+            "used_at",
+            "revoked_at",
+            "state",
+            "node",
+            "node_name",
+            "ttl_seconds",
+        ]
+        read_only_fields = [
+            "id",
+            "display_prefix",
+            "created_at",
+            "expires_at",
+            "used_at",
+            "revoked_at",
+            "state",
+            "node",
+            "node_name",
+        ]
+
+
+class MintedTokenSerializer(EnrollmentTokenSerializer):
+    token = serializers.CharField(read_only=True, help_text="Shown once; only its digest is stored.")
+
+    class Meta(EnrollmentTokenSerializer.Meta):
+        fields = [*EnrollmentTokenSerializer.Meta.fields, "token"]

@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class NodesConfig(AppConfig):
+    """Nodes: enrollment, heartbeats and inventory, liveness, and the control plane's calls to agents."""
+
+    name = "apps.nodes"
+    label = "nodes"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,201 @@
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from apps.nodes.choices import Accelerator, EventKind, Liveness
+
+CREDENTIAL_PREFIX = "mfn_"
+TOKEN_PREFIX = "mfe_"
+
+
+def digest(secret: str) -> str:
+    """Secrets are stored as SHA-256: they are random and long, so a slow hash adds nothing."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class NodeQuerySet(models.QuerySet["Node"]):
+    def assignable(self, now: datetime | None = None) -> NodeQuerySet:
+        """Nodes work may be assigned to: enabled, online, with a heartbeat fresher than the stale limit.
+
+        The one answer later issues rely on; nothing is ever assigned to a node outside it.
+        """
+        now = now or timezone.now()
+        return self.filter(
+            enabled=True,
+            liveness=Liveness.ONLINE,
+            last_heartbeat_at__gte=now - timedelta(seconds=settings.NODE_STALE_AFTER),
+        )
+
+
+class Node(models.Model):
+    """A machine running the agent: its identity, what it last reported, and whether work may go there."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=63, unique=True)
+    accelerator = models.CharField(max_length=16, choices=Accelerator.choices)
+    enabled = models.BooleanField(default=True)
+    liveness = models.CharField(max_length=16, choices=Liveness.choices, default=Liveness.PENDING)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    enrolled_at = models.DateTimeField(default=timezone.now)
+    credential_hash = models.CharField(max_length=64, unique=True, editable=False)
+    agent_version = models.CharField(max_length=32, blank=True)
+    agent_url = models.URLField(max_length=255, blank=True)
+    cpu_count = models.PositiveIntegerField(null=True, blank=True)
+    load_1m = models.FloatField(null=True, blank=True)
+    memory_total_bytes = models.BigIntegerField(null=True, blank=True)
+    memory_available_bytes = models.BigIntegerField(null=True, blank=True)
+    shm_total_bytes = models.BigIntegerField(null=True, blank=True)
+    shm_free_bytes = models.BigIntegerField(null=True, blank=True)
+    models_present = models.JSONField(default=list, blank=True)
+    secret_mismatch_at = models.DateTimeField(null=True, blank=True)
+    agent_reached_at = models.DateTimeField(null=True, blank=True)
+    agent_error = models.CharField(max_length=255, blank=True)
+
+    objects = NodeQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+        indexes = [
+            models.Index(fields=["liveness", "last_heartbeat_at"], name="nodes_liveness_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def is_assignable(self, now: datetime | None = None) -> bool:
+        return Node.objects.filter(pk=self.pk).assignable(now).exists()
+
+    def set_enabled(self, enabled: bool, by: str) -> bool:
+        """Enable or disable; an event row records who. Returns whether anything changed."""
+        changed = Node.objects.filter(pk=self.pk, enabled=not enabled).update(enabled=enabled)
+        if changed:
+            self.enabled = enabled
+            NodeEvent.objects.create(
+                node=self, kind=EventKind.ENABLED if enabled else EventKind.DISABLED, detail=f"by {by}"
+            )
+        return bool(changed)
+
+
+class GPU(models.Model):
+    """One GPU of a node as last reported: memory split into ModelForge-managed, external, free."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=96)
+    name = models.CharField(max_length=128)
+    memory_total_bytes = models.BigIntegerField()
+    memory_used_bytes = models.BigIntegerField()
+    memory_managed_bytes = models.BigIntegerField()
+    utilization_percent = models.PositiveSmallIntegerField()
+    temperature_c = models.SmallIntegerField()
+    reported_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["node", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="nodes_gpu_one_per_index")]
+
+    def __str__(self) -> str:
+        return f"{self.node_id} GPU {self.index} ({self.name})"
+
+    @property
+    def memory_external_bytes(self) -> int:
+        """External pressure: used by processes ModelForge did not start (observed, never reclaimed)."""
+        return max(0, self.memory_used_bytes - self.memory_managed_bytes)
+
+    @property
+    def memory_free_bytes(self) -> int:
+        return max(0, self.memory_total_bytes - self.memory_used_bytes)
+
+    def shares(self) -> dict[str, float]:
+        """Percentages of total memory for the dashboard's bar."""
+        total = self.memory_total_bytes or 1
+        return {
+            "managed": 100 * self.memory_managed_bytes / total,
+            "external": 100 * self.memory_external_bytes / total,
+            "free": 100 * self.memory_free_bytes / total,
+        }
+
+
+class NodeEvent(models.Model):
+    """A transition in a node's life: enrollment, liveness changes, enable/disable, secret mismatches."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=32, choices=EventKind.choices)
+    from_liveness = models.CharField(max_length=16, blank=True)
+    to_liveness = models.CharField(max_length=16, blank=True)
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    detail = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.node_id} {self.kind} {self.from_liveness}->{self.to_liveness}"
+
+
+class EnrollmentTokenManager(models.Manager["EnrollmentToken"]):
+    def mint(
+        self, *, note: str = "", ttl_seconds: int | None = None, created_by: Any = None
+    ) -> tuple[EnrollmentToken, str]:
+        """A new single-use token; the plain value is returned once and only its digest is kept."""
+        plain = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        ttl = ttl_seconds or settings.ENROLLMENT_TOKEN_TTL
+        token = self.create(
+            token_hash=digest(plain),
+            display_prefix=plain[:10],
+            note=note,
+            expires_at=timezone.now() + timedelta(seconds=ttl),
+            created_by=created_by if getattr(created_by, "pk", None) else None,
+        )
+        return token, plain
+
+
+class EnrollmentToken(models.Model):
+    """A single-use, expiring permission for one agent to enroll; stored as a digest, shown once."""
+
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    display_prefix = models.CharField(max_length=16, editable=False)
+    note = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    node = models.OneToOneField(
+        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="enrollment_token"
+    )
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = EnrollmentTokenManager()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.display_prefix}… ({self.state})"
+
+    @property
+    def state(self) -> str:
+        if self.used_at:
+            return "used"
+        if self.revoked_at:
+            return "revoked"
+        if self.expires_at <= timezone.now():
+            return "expired"
+        return "usable"
+
+    def revoke(self) -> bool:
+        return bool(
+            EnrollmentToken.objects.filter(pk=self.pk, used_at__isnull=True, revoked_at__isnull=True).update(
+                revoked_at=timezone.now()
+            )
+        )

@@ -1,0 +1,77 @@
+"""Dashboard pages for nodes and enrollment tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from apps.alerts.models import Alert
+from apps.nodes.filtersets import NodeFilterSet
+from apps.nodes.models import EnrollmentToken, Node
+from apps.nodes.tasks import ping_node
+
+staff_required: Any = staff_member_required(login_url="dashboard:login")
+
+
+@staff_required
+def node_list(request: HttpRequest) -> HttpResponse:
+    filterset = NodeFilterSet(request.GET, queryset=Node.objects.prefetch_related("gpus"))
+    page = Paginator(filterset.qs, 50).get_page(request.GET.get("page"))
+    return render(request, "nodes/node_list.html", {"filter": filterset, "page": page, "active_nav": "nodes"})
+
+
+@staff_required
+def node_detail(request: HttpRequest, pk: str) -> HttpResponse:
+    node = get_object_or_404(Node.objects.prefetch_related("gpus"), pk=pk)
+    context = {
+        "node": node,
+        "assignable": node.is_assignable(),
+        "events": node.events.all()[:30],
+        "alerts": Alert.objects.open().filter(subject_type="node", subject_id=str(node.pk)),
+        "active_nav": "nodes",
+    }
+    return render(request, "nodes/node_detail.html", context)
+
+
+@staff_required
+@require_POST
+def node_set_enabled(request: HttpRequest, pk: str, enabled: bool) -> HttpResponse:
+    node = get_object_or_404(Node, pk=pk)
+    if node.set_enabled(enabled, by=request.user.get_username()):
+        messages.success(request, f"Node {node.name} {'enabled' if enabled else 'disabled'}.")
+    return redirect("nodes:detail", pk=node.pk)
+
+
+@staff_required
+@require_POST
+def node_ping(request: HttpRequest, pk: str) -> HttpResponse:
+    node = get_object_or_404(Node, pk=pk)
+    ping_node.delay(str(node.pk))
+    messages.info(request, f"A signed ping to {node.name} is on its way; reload to see the result.")
+    return redirect("nodes:detail", pk=node.pk)
+
+
+@staff_required
+def token_list(request: HttpRequest) -> HttpResponse:
+    minted = None
+    if request.method == "POST":
+        note = request.POST.get("note", "")[:200]
+        token, plain = EnrollmentToken.objects.mint(note=note, created_by=request.user)
+        minted = {"token": token, "plain": plain}
+    page = Paginator(EnrollmentToken.objects.select_related("node"), 50).get_page(request.GET.get("page"))
+    return render(request, "nodes/token_list.html", {"page": page, "minted": minted, "active_nav": "nodes"})
+
+
+@staff_required
+@require_POST
+def token_revoke(request: HttpRequest, pk: int) -> HttpResponse:
+    token = get_object_or_404(EnrollmentToken, pk=pk)
+    if token.revoke():
+        messages.success(request, f"Token {token.display_prefix}… revoked.")
+    return redirect("nodes:tokens")
