@@ -1,6 +1,7 @@
-"""ASGI entry point (gunicorn with uvicorn workers)."""
+"""ASGI entry point (gunicorn with uvicorn workers): Django, with the node heartbeat endpoint beside it."""
 
 import os
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -12,4 +13,14 @@ from modelforge.startup import run_entry_checks
 # without modelforge.gunicorn_conf; with it, the master has already checked and this is a no-op.
 run_entry_checks("web")
 
-application = get_asgi_application()
+django_application = get_asgi_application()
+
+from apps.nodes import fastpath  # noqa: E402 -- needs the app registry that get_asgi_application loaded
+
+
+async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Route the hottest write, agents' heartbeats, to its lean endpoint; everything else to Django."""
+    if scope["type"] == "http" and scope["path"] == fastpath.PATH:
+        await fastpath.endpoint(scope, receive, send)
+        return
+    await django_application(scope, receive, send)

@@ -139,9 +139,12 @@ DATABASES = {
         else {"ENGINE": "django.db.backends.postgresql", "NAME": "modelforge", "HOST": "127.0.0.1"}
     )
 }
-DATABASES["default"].setdefault("CONN_MAX_AGE", 60)
-DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+# Under ASGI every request runs in its own context, so Django's persistent connections would open one
+# connection per request until PostgreSQL runs out; a psycopg pool per process bounds them instead.
+DATABASE_POOL_SIZE = read.integer("MODELFORGE_DATABASE_POOL_SIZE", 10, minimum=1, maximum=500)
+DATABASES["default"]["CONN_MAX_AGE"] = 0
 DATABASES["default"].setdefault("OPTIONS", {})
+DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 1, "max_size": DATABASE_POOL_SIZE, "timeout": 10}
 DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 5)
 DATABASES["default"]["OPTIONS"].setdefault("application_name", "modelforge")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

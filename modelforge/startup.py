@@ -216,6 +216,10 @@ def run_entry_checks(entry_point: str) -> None:
     enforce_database(entry_point)
     from django.db import connections
 
-    # Never hand an open connection to forked children.
+    # Never hand an open connection, or a pool and its threads, to forked children.
     connections.close_all()
+    for connection in connections.all(initialized_only=True):
+        close_pool = getattr(connection, "close_pool", None)
+        if close_pool is not None:
+            close_pool()
     _checked_entry_point = entry_point

@@ -33,4 +33,18 @@ def _staff_required(view):
 
 @_staff_required
 def home(request: HttpRequest) -> HttpResponse:
-    return render(request, "core/home.html", {"status": system_status(), "active_nav": "home"})
+    from django.db.models import Count
+
+    from apps.alerts.models import Alert
+    from apps.nodes.models import Node
+
+    # The overview is the top of the dashboard: it may read every domain's summary.
+    liveness = dict(Node.objects.values_list("liveness").annotate(n=Count("pk")).values_list("liveness", "n"))
+    context = {
+        "status": system_status(),
+        "active_nav": "home",
+        "liveness": liveness,
+        "assignable": Node.objects.assignable().count(),
+        "open_alerts": Alert.objects.open().values("severity").annotate(n=Count("pk")).order_by("severity"),
+    }
+    return render(request, "core/home.html", context)

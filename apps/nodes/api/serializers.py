@@ -1,14 +1,36 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 from rest_framework import serializers
 
 from apps.nodes.choices import Accelerator
-from apps.nodes.heartbeat import StrictSerializer
 from apps.nodes.models import GPU, EnrollmentToken, Node, NodeEvent
 
 NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+
+
+def http_url(value: str) -> None:
+    """An http(s) URL naming a host; dotless host names are allowed."""
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 -- raises ValueError on a port that is not a number
+    except ValueError:
+        raise serializers.ValidationError("Enter an http(s) URL such as http://gpu-01:8471.") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise serializers.ValidationError("Enter an http(s) URL such as http://gpu-01:8471.")
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not know: an agent can set only what it reports."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        return super().to_internal_value(data)
 
 
 class EnrollRequestSerializer(StrictSerializer):
@@ -22,20 +44,14 @@ class EnrollRequestSerializer(StrictSerializer):
     )
     accelerator = serializers.ChoiceField(choices=Accelerator.choices)
     agent_version = serializers.CharField(max_length=32)
-    agent_url = serializers.URLField(max_length=255)
+    # Not URLField: a container's host name (no dot) is a perfectly good address for the control plane.
+    agent_url = serializers.CharField(max_length=255, validators=[http_url])
 
 
 class EnrollResponseSerializer(serializers.Serializer):
     node_id = serializers.UUIDField()
     node_name = serializers.CharField()
     credential = serializers.CharField(help_text="Shown once; the control plane keeps only its digest.")
-    heartbeat_interval_s = serializers.IntegerField()
-
-
-class HeartbeatResponseSerializer(serializers.Serializer):
-    node_id = serializers.UUIDField()
-    liveness = serializers.CharField()
-    enabled = serializers.BooleanField()
     heartbeat_interval_s = serializers.IntegerField()
 
 

@@ -9,6 +9,5 @@ router.register("enrollment-tokens", views.EnrollmentTokenViewSet, basename="enr
 
 urlpatterns = [
     path("agent/enroll", views.EnrollView.as_view(), name="agent-enroll"),
-    path("agent/heartbeat", views.HeartbeatView.as_view(), name="agent-heartbeat"),
     *router.urls,
 ]

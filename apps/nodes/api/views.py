@@ -4,7 +4,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db.models import QuerySet
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -13,10 +12,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.nodes.api import serializers as s
-from apps.nodes.authentication import AgentPrincipal, IsAgent, NodeCredentialAuthentication
 from apps.nodes.enrollment import enroll
 from apps.nodes.filtersets import EnrollmentTokenFilterSet, NodeFilterSet
-from apps.nodes.heartbeat import HeartbeatSerializer, record_heartbeat
 from apps.nodes.models import EnrollmentToken, Node
 from apps.nodes.tasks import ping_node
 
@@ -47,33 +44,6 @@ class EnrollView(APIView):
             "heartbeat_interval_s": settings.HEARTBEAT_INTERVAL,
         }
         return Response(s.EnrollResponseSerializer(body).data, status=status.HTTP_201_CREATED)
-
-
-class HeartbeatView(APIView):
-    """An agent reports inventory and telemetry; the node is online from this moment."""
-
-    authentication_classes = [NodeCredentialAuthentication]
-    permission_classes = [IsAgent]
-
-    @extend_schema(
-        request=HeartbeatSerializer,
-        responses={200: s.HeartbeatResponseSerializer},
-        operation_id="agent_heartbeat",
-    )
-    def post(self, request: Request) -> Response:
-        assert isinstance(request.user, AgentPrincipal)
-        report = HeartbeatSerializer(data=request.data)
-        report.is_valid(raise_exception=True)
-        node = request.user.node
-        _, enabled = record_heartbeat(node.pk, report.validated_data, timezone.now())
-        return Response(
-            {
-                "node_id": str(node.pk),
-                "liveness": "online",
-                "enabled": enabled,
-                "heartbeat_interval_s": settings.HEARTBEAT_INTERVAL,
-            }
-        )
 
 
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):

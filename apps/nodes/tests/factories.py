@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import secrets
-from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
-from rest_framework.test import APIClient
 
+from apps.nodes.heartbeat import parse_report, record_heartbeat
 from apps.nodes.models import CREDENTIAL_PREFIX, Node, digest
 
 GIB = 2**30
@@ -52,18 +52,8 @@ def heartbeat_report(gpus: int = 2, **overrides: Any) -> dict[str, Any]:
     return report
 
 
-def agent_client(credential: str) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {credential}")
-    return client
-
-
-def send_heartbeat(credential: str, report: dict[str, Any] | None = None, at: datetime | None = None) -> Any:
-    del at
-    return agent_client(credential).post(
-        "/api/v1/agent/heartbeat", report or heartbeat_report(), format="json"
-    )
-
-
-def now() -> datetime:
-    return timezone.now()
+def beat(credential: str, report: dict[str, Any] | None = None) -> tuple[str, bool, str] | None:
+    """Record a heartbeat in-process at the current (possibly travelled) time, through the same
+    validation and statement as the HTTP endpoint."""
+    parsed = parse_report(json.dumps(report or heartbeat_report()).encode())
+    return record_heartbeat(credential, parsed, timezone.now())

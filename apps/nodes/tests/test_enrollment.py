@@ -66,6 +66,12 @@ def test_an_agent_trades_the_token_for_an_identity(operator_client):
     assert NodeEvent.objects.filter(node=node, kind="enrolled").exists()
 
 
+def test_a_dotless_container_host_name_is_a_valid_agent_url(operator_client):
+    plain = mint(operator_client)["token"]
+    body = {**enroll_body(plain), "agent_url": "http://3f9c2a1b7d4e:8471"}
+    assert APIClient().post(ENROLL, body, format="json").status_code == 201
+
+
 def test_a_reused_token_is_refused(operator_client):
     plain = mint(operator_client)["token"]
     assert APIClient().post(ENROLL, enroll_body(plain), format="json").status_code == 201

@@ -13,7 +13,7 @@ from django.utils import timezone
 from apps.alerts.models import Alert
 from apps.nodes.liveness import sweep
 from apps.nodes.models import Node
-from apps.nodes.tests.factories import make_node, send_heartbeat
+from apps.nodes.tests.factories import beat, make_node
 
 pytestmark = pytest.mark.django_db
 
@@ -31,19 +31,19 @@ def liveness(node: Node) -> str:
 
 def test_heartbeats_with_jitter_up_to_twice_the_interval_never_flap_the_node(clock, settings):
     node, credential = make_node()
-    send_heartbeat(credential)
+    beat(credential)
     # The agent's next heartbeat is due after 10 s; jitter may push it to 10 + 2x10 = 30 s.
     for _ in range(5):
         clock.shift(timedelta(seconds=3 * settings.HEARTBEAT_INTERVAL))
         assert sweep().stale == []
         assert liveness(node) == "online"
-        send_heartbeat(credential)
+        beat(credential)
     assert not Alert.objects.exists()
 
 
 def test_a_silent_node_goes_stale_then_offline_and_raises_its_alerts_once(clock, settings):
     node, credential = make_node(name="gpu-7")
-    send_heartbeat(credential)
+    beat(credential)
 
     clock.shift(timedelta(seconds=settings.NODE_STALE_AFTER + 1))
     assert sweep().stale == [(str(node.pk), "gpu-7")]
@@ -72,14 +72,14 @@ def test_a_silent_node_goes_stale_then_offline_and_raises_its_alerts_once(clock,
 
 def test_the_next_heartbeat_clears_node_offline_and_brings_the_node_back(clock, settings):
     node, credential = make_node()
-    send_heartbeat(credential)
+    beat(credential)
     clock.shift(timedelta(seconds=settings.NODE_OFFLINE_AFTER + 1))
     sweep()
     assert liveness(node) == "offline"
     assert Alert.objects.open().filter(code="node_offline").exists()
 
     clock.shift(timedelta(seconds=5))
-    assert send_heartbeat(credential).status_code == 200
+    assert beat(credential) is not None
     assert liveness(node) == "online"
     assert not Alert.objects.open().exists()
     cleared = Alert.objects.get(code="node_offline")
@@ -90,7 +90,7 @@ def test_the_next_heartbeat_clears_node_offline_and_brings_the_node_back(clock, 
 
 def test_an_online_node_silent_past_both_limits_goes_straight_to_offline(clock, settings):
     node, credential = make_node()
-    send_heartbeat(credential)
+    beat(credential)
     clock.shift(timedelta(seconds=settings.NODE_OFFLINE_AFTER + 1))
     result = sweep()
     assert result.offline and not result.stale
@@ -109,7 +109,7 @@ def test_the_sweep_is_set_based_its_statement_count_does_not_grow_with_nodes(clo
     def statements_for(count: int, prefix: str) -> int:
         for i in range(count):
             _, credential = make_node(name=f"{prefix}-{i}")
-            send_heartbeat(credential)
+            beat(credential)
         clock.shift(timedelta(seconds=settings.NODE_OFFLINE_AFTER + 1))
         with CaptureQueriesContext(connection) as queries:
             moved = sweep()
@@ -123,8 +123,8 @@ def test_only_enabled_online_fresh_nodes_are_assignable(clock, settings):
     online, c1 = make_node(name="online")
     _, c2 = make_node(name="disabled", enabled=False)
     make_node(name="pending")
-    send_heartbeat(c1)
-    send_heartbeat(c2)
+    beat(c1)
+    beat(c2)
     assert list(Node.objects.assignable().values_list("name", flat=True)) == ["online"]
     # A heartbeat older than the stale limit is not a reading, even before the sweep runs.
     clock.shift(timedelta(seconds=settings.NODE_STALE_AFTER + 1))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import User
 
-from apps.nodes.tests.factories import make_node, send_heartbeat
+from apps.nodes.tests.factories import beat, make_node
 
 pytestmark = pytest.mark.django_db
 
@@ -15,10 +15,10 @@ def fleet():
     gpu, c1 = make_node(name="gpu-a")
     cpu, c2 = make_node(name="cpu-b", accelerator="cpu")
     idle, _ = make_node(name="idle-c", enabled=False)
-    send_heartbeat(c1)
+    beat(c1)
     from apps.nodes.tests.factories import heartbeat_report
 
-    send_heartbeat(c2, heartbeat_report(gpus=0))
+    beat(c2, heartbeat_report(gpus=0))
     return gpu, cpu, idle
 
 

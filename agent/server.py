@@ -1,0 +1,206 @@
+"""The agent's listening port: the calls the control plane makes to this node.
+
+Every request must be signed with the cluster secret (``agent.protocol``); the signature is checked
+before routing, so an unsigned caller learns nothing, not even which paths exist. Error bodies are the
+project's envelope, exactly ``{"code", "message", "correlation_id"}``; a 500 is the body
+``Internal Server Error`` and the story goes to the log under the correlation id.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from agent import __version__
+from agent.models import InvalidModelName, check_presence
+from agent.protocol import CORRELATION_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+
+logger = logging.getLogger("agent.server")
+
+VALIDATION_ERROR = "VALIDATION_ERROR"
+NOT_FOUND = "NOT_FOUND"
+METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
+MAX_BODY_BYTES = 1024 * 1024
+
+# What a caller may send as X-Correlation-ID (the control plane's rule): short, printable, no spaces.
+WELL_FORMED_CORRELATION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{7,127}$")
+
+
+@dataclass(frozen=True)
+class AgentContext:
+    """What the request handlers need: the secret to check, who this node is, where models live."""
+
+    cluster_secret: str
+    node_id: str
+    node_name: str
+    models_dir: Path
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers or {}
+
+
+def accept_or_generate(header_value: str | None) -> str:
+    if header_value and WELL_FORMED_CORRELATION_ID.match(header_value):
+        return header_value
+    return uuid.uuid4().hex
+
+
+def ping(context: AgentContext, body: bytes) -> dict[str, Any]:
+    return {"node_id": context.node_id, "node_name": context.node_name, "agent_version": __version__}
+
+
+def presence(context: AgentContext, body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body or b"null")
+    except ValueError:
+        raise ApiError(400, VALIDATION_ERROR, 'the body must be JSON: {"model": "<name>"}') from None
+    if not isinstance(data, dict) or "model" not in data:
+        raise ApiError(400, VALIDATION_ERROR, 'the body must be a JSON object: {"model": "<name>"}')
+    try:
+        return check_presence(context.models_dir, data["model"]).as_payload()
+    except InvalidModelName as exc:
+        raise ApiError(400, VALIDATION_ERROR, str(exc)) from None
+
+
+Handler = Callable[[AgentContext, bytes], dict[str, Any]]
+ROUTES: dict[str, dict[str, Handler]] = {
+    "/v1/ping": {"GET": ping},
+    "/v1/presence": {"POST": presence},
+}
+
+
+class AgentRequestHandler(BaseHTTPRequestHandler):
+    server: AgentServer
+    server_version = f"modelforge-agent/{__version__}"
+    sys_version = ""
+    protocol_version = "HTTP/1.1"
+    timeout = 30  # a silent client must not hold a thread forever
+
+    def do_GET(self) -> None:
+        self._handle()
+
+    def do_POST(self) -> None:
+        self._handle()
+
+    def do_PUT(self) -> None:
+        self._handle()
+
+    def do_PATCH(self) -> None:
+        self._handle()
+
+    def do_DELETE(self) -> None:
+        self._handle()
+
+    def _handle(self) -> None:
+        correlation_id = accept_or_generate(self.headers.get(CORRELATION_HEADER))
+        try:
+            body = self._read_body()
+            status, payload = self._dispatch(body)
+            self._send_json(status, payload, correlation_id)
+        except ApiError as exc:
+            envelope = {"code": exc.code, "message": exc.message, "correlation_id": correlation_id}
+            self._send_json(exc.status, envelope, correlation_id, exc.headers)
+        except Exception:
+            logger.exception("agent request %s %s failed [%s]", self.command, self.path, correlation_id)
+            self._send(500, b"Internal Server Error", "text/plain; charset=utf-8", correlation_id)
+
+    def _read_body(self) -> bytes:
+        length_header = self.headers.get("Content-Length")
+        if self.headers.get("Transfer-Encoding"):
+            self.close_connection = True
+            raise ApiError(400, VALIDATION_ERROR, "send the body with a Content-Length, not chunked")
+        if not length_header:
+            return b""
+        if not length_header.strip().isdigit():
+            self.close_connection = True
+            raise ApiError(400, VALIDATION_ERROR, "Content-Length is not a number")
+        length = int(length_header)
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True
+            raise ApiError(400, VALIDATION_ERROR, f"the body is larger than {MAX_BODY_BYTES} bytes")
+        return self.rfile.read(length)
+
+    def _dispatch(self, body: bytes) -> tuple[int, dict[str, Any]]:
+        context = self.server.context
+        refusal = verify(
+            context.cluster_secret,
+            self.headers.get(TIMESTAMP_HEADER),
+            self.headers.get(SIGNATURE_HEADER),
+            self.command,
+            self.path,
+            body,
+            now=self.server.clock(),
+        )
+        if refusal is not None:
+            logger.warning(
+                "refused %s %s from %s: %s", self.command, self.path, self.client_address[0], refusal.code
+            )
+            raise ApiError(401, refusal.code, refusal.message)
+        route = ROUTES.get(self.path.split("?", 1)[0])
+        if route is None:
+            raise ApiError(404, NOT_FOUND, f"this agent has no {self.path.split('?', 1)[0]}")
+        handler = route.get(self.command)
+        if handler is None:
+            allowed = ", ".join(sorted(route))
+            raise ApiError(405, METHOD_NOT_ALLOWED, f"use {allowed} on this path", headers={"Allow": allowed})
+        return 200, handler(context, body)
+
+    def _send_json(
+        self,
+        status: int,
+        payload: dict[str, Any],
+        correlation_id: str,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self._send(status, json.dumps(payload).encode(), "application/json", correlation_id, headers)
+
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str,
+        correlation_id: str,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header(CORRELATION_HEADER, correlation_id)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        # The request line and status only: headers carry the signature.
+        logger.debug("%s %s", self.client_address[0], format % args)
+
+
+class AgentServer(ThreadingHTTPServer):
+    """The agent's HTTP server; one thread per request, none outliving the process."""
+
+    daemon_threads = True
+
+    def __init__(
+        self, address: tuple[str, int], context: AgentContext, clock: Callable[[], float] | None = None
+    ) -> None:
+        self.context = context
+        self.clock = clock or time.time
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, AgentRequestHandler)

@@ -1,0 +1,176 @@
+"""``POST /api/v1/agent/heartbeat`` as a lean ASGI endpoint mounted beside Django.
+
+Every node reports every few seconds, so this is the control plane's hottest write. It skips Django's
+middleware and view stack (sessions, CSRF, messages: nothing a node uses) and answers with one SQL
+statement on an async psycopg pool, while keeping the platform's contract: the correlation id, the
+error envelope, the exact ``Internal Server Error`` body, a bounded request size. bench/heartbeats
+measures it; docs/DECISIONS.md says why it exists.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from apps.nodes import codes
+from apps.nodes.heartbeat import HEARTBEAT_SQL, InvalidReport, heartbeat_params, parse_report
+from modelforge.errors import INTERNAL_SERVER_ERROR_BODY
+from modelforge.errors import codes as error_codes
+from modelforge.logging import accept_or_generate, set_correlation_id
+
+logger = logging.getLogger("modelforge.request")
+error_logger = logging.getLogger("modelforge.errors")
+
+PATH = "/api/v1/agent/heartbeat"
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def _conninfo() -> dict[str, Any]:
+    db = settings.DATABASES["default"]
+    options = {k: v for k, v in db.get("OPTIONS", {}).items() if k not in ("pool",)}
+    return {
+        "dbname": db["NAME"],
+        "user": db.get("USER") or None,
+        "password": db.get("PASSWORD") or None,
+        "host": db.get("HOST") or None,
+        "port": db.get("PORT") or None,
+        **options,
+    }
+
+
+class HeartbeatEndpoint:
+    """The ASGI callable; one instance per process, its pool opened on first use in the serving loop."""
+
+    def __init__(self) -> None:
+        self._pool: Any = None
+
+    async def _get_pool(self) -> Any:
+        if self._pool is None:
+            from psycopg_pool import AsyncConnectionPool
+
+            kwargs = {k: v for k, v in _conninfo().items() if v is not None}
+            pool = AsyncConnectionPool(
+                kwargs={**kwargs, "autocommit": True},
+                min_size=1,
+                max_size=settings.DATABASE_POOL_SIZE,
+                timeout=10,
+                open=False,
+            )
+            await pool.open()
+            self._pool = pool
+        return self._pool
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        started = time.monotonic()
+        headers = {
+            name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]
+        }
+        correlation_id = accept_or_generate(headers.get("x-correlation-id"))
+        set_correlation_id(correlation_id)
+        status, body, extra = await self._handle(scope, receive, headers)
+        response_headers = [
+            (b"x-correlation-id", correlation_id.encode()),
+            *((k.encode(), v.encode()) for k, v in extra.items()),
+        ]
+        if status == 500:
+            payload = INTERNAL_SERVER_ERROR_BODY.encode()
+            response_headers.append((b"content-type", b"text/plain"))
+        else:
+            if "code" in body:
+                body = {"code": body["code"], "message": body["message"], "correlation_id": correlation_id}
+            payload = json.dumps(body).encode()
+            response_headers.append((b"content-type", b"application/json"))
+        response_headers.append((b"content-length", str(len(payload)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": response_headers})
+        await send({"type": "http.response.body", "body": payload})
+        level = logging.DEBUG if status == 200 else logging.INFO
+        if logger.isEnabledFor(level):
+            logger.log(
+                level,
+                "%s %s -> %s in %.1f ms",
+                scope["method"],
+                PATH,
+                status,
+                (time.monotonic() - started) * 1000,
+            )
+
+    async def _handle(
+        self, scope: dict[str, Any], receive: Receive, headers: dict[str, str]
+    ) -> tuple[int, dict[str, Any], dict[str, str]]:
+        if scope["method"] != "POST":
+            return _error(
+                405, error_codes.METHOD_NOT_ALLOWED, "Only POST is allowed here.", {"Allow": "POST"}
+            )
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        declared = headers.get("content-length", "")
+        if declared and (not declared.isdigit() or int(declared) > limit):
+            return _error(413, error_codes.PAYLOAD_TOO_LARGE, error_codes.DEFAULT_MESSAGES[413])
+        if not headers.get("content-type", "").startswith("application/json"):
+            return _error(415, error_codes.UNSUPPORTED_MEDIA_TYPE, error_codes.DEFAULT_MESSAGES[415])
+        scheme, _, credential = headers.get("authorization", "").partition(" ")
+        credential = credential.strip()
+        unauthorized = {"WWW-Authenticate": 'Bearer realm="modelforge-agent"'}
+        if scheme.lower() != "bearer" or not credential:
+            return _error(
+                401,
+                codes.NODE_CREDENTIAL_INVALID,
+                "A node credential is required: Authorization: Bearer <credential>.",
+                unauthorized,
+            )
+        body = bytearray()
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if len(body) > limit:
+                return _error(413, error_codes.PAYLOAD_TOO_LARGE, error_codes.DEFAULT_MESSAGES[413])
+            if not message.get("more_body"):
+                break
+        try:
+            report = parse_report(bytes(body))
+        except InvalidReport as exc:
+            return _error(400, exc.code, exc.message)
+        try:
+            pool = await self._get_pool()
+            async with pool.connection() as conn:
+                cursor = await conn.execute(
+                    HEARTBEAT_SQL, heartbeat_params(credential, report, timezone.now())
+                )
+                row = await cursor.fetchone()
+        except Exception:
+            error_logger.exception("heartbeat could not be recorded")
+            return 500, {}, {}
+        if row is None:
+            # The credential matches no node; the same statement that would have recorded it said so.
+            return _error(
+                401,
+                codes.NODE_CREDENTIAL_INVALID,
+                "This node credential is not valid; re-enroll the agent with a new token.",
+                unauthorized,
+            )
+        node_id, enabled, _ = row
+        return (
+            200,
+            {
+                "node_id": str(node_id),
+                "liveness": "online",
+                "enabled": enabled,
+                "heartbeat_interval_s": settings.HEARTBEAT_INTERVAL,
+            },
+            {},
+        )
+
+
+def _error(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any], dict[str, str]]:
+    return status, {"code": code, "message": message}, headers or {}
+
+
+endpoint = HeartbeatEndpoint()

@@ -1,0 +1,254 @@
+"""Heartbeat and sweep benchmark: many simulated agents against the web application under gunicorn.
+
+    python bench/heartbeats/run.py [--nodes 2000] [--gpus 8] [--seconds 10] [--connections 64]
+                                   [--web-workers 2] [--sweep-nodes 10000]
+
+Starts its own throw-away PostgreSQL 16 and Redis (the embedded stack, in a temporary folder), enrolls
+``--nodes`` nodes, runs gunicorn + uvicorn workers on a free port, and drives heartbeats carrying
+``--gpus`` GPUs of telemetry each with wrk (each request is a different node's heartbeat). Then it
+times one liveness sweep over ``--sweep-nodes`` nodes that are all due to go offline, and one with
+nothing due. Prints the figures; loopback only, bounded in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+PYTHON = sys.executable
+GIB = 2**30
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def report_body(gpus: int) -> dict:
+    return {
+        "agent_version": "0.1.0",
+        "accelerator": "nvidia",
+        "agent_url": "http://10.1.2.3:8471",
+        "cpu": {"count": 64, "load_1m": 3.2},
+        "memory": {"total_bytes": 512 * GIB, "available_bytes": 300 * GIB},
+        "shm": {"total_bytes": 64 * GIB, "free_bytes": 60 * GIB},
+        "gpus": [
+            {
+                "index": i,
+                "uuid": f"GPU-{i:08x}-0000-0000-0000-{i:012x}",
+                "name": "NVIDIA H100 80GB HBM3",
+                "memory_total_bytes": 80 * GIB,
+                "memory_used_bytes": 30 * GIB,
+                "memory_managed_bytes": 20 * GIB,
+                "utilization_percent": 55,
+                "temperature_c": 64,
+            }
+            for i in range(gpus)
+        ],
+        "models_present": [{"name": f"model-{i}", "kind": "weights_directory"} for i in range(4)],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--nodes", type=int, default=2000)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument("--sweep-nodes", type=int, default=10_000)
+    args = parser.parse_args()
+    if not shutil.which("wrk"):
+        print("wrk is required: apt-get install wrk", file=sys.stderr)
+        return 2
+
+    workdir = Path(tempfile.mkdtemp(prefix="mf-bench-"))
+    workdir.chmod(0o755)
+    env = dict(os.environ)
+    env.update(
+        MODELFORGE_ENV="development",
+        MODELFORGE_DEBUG="false",
+        MODELFORGE_LOG_LEVEL="WARNING",
+        MODELFORGE_HOME=str(workdir / "home"),
+        MODELFORGE_EMBEDDED_PG_PORT=str(free_port()),
+        MODELFORGE_EMBEDDED_REDIS_PORT=str(free_port()),
+        MODELFORGE_SECRET_KEY=secrets.token_urlsafe(48),
+        MODELFORGE_OPERATOR_API_KEY=secrets.token_urlsafe(32),
+        MODELFORGE_CLUSTER_SECRET=secrets.token_urlsafe(32),
+    )
+    env.pop("MODELFORGE_DATABASE_URL", None)
+    env.pop("MODELFORGE_REDIS_URL", None)
+    from modelforge.embedded import EmbeddedStack
+
+    stack = EmbeddedStack.from_environment(Path(env["MODELFORGE_HOME"]), env)
+    web = None
+    try:
+        env.update(stack.start(persistent=False))
+        os.environ.update(env)
+        subprocess.run([PYTHON, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+
+        import django
+
+        django.setup()
+        from django.db import connection
+
+        from apps.nodes.liveness import sweep
+        from apps.nodes.models import CREDENTIAL_PREFIX, Node, digest
+
+        credentials = [CREDENTIAL_PREFIX + secrets.token_urlsafe(24) for _ in range(args.nodes)]
+        Node.objects.bulk_create(
+            [
+                Node(name=f"bench-{i}", accelerator="nvidia", credential_hash=digest(c))
+                for i, c in enumerate(credentials)
+            ],
+            batch_size=2000,
+        )
+        (workdir / "credentials.txt").write_text("\n".join(credentials) + "\n")
+        (workdir / "body.json").write_text(json.dumps(report_body(args.gpus)))
+        connection.close()
+
+        port = free_port()
+        web_env = {
+            **env,
+            "MODELFORGE_BIND": f"127.0.0.1:{port}",
+            "MODELFORGE_WEB_WORKERS": str(args.web_workers),
+        }
+        web = subprocess.Popen(
+            [
+                "taskset",
+                "-c",
+                "0",
+                PYTHON,
+                "-m",
+                "gunicorn",
+                "-c",
+                "python:modelforge.gunicorn_conf",
+                "modelforge.asgi:application",
+            ],
+            cwd=ROOT,
+            env=web_env,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("gunicorn did not start") from None
+                time.sleep(0.3)
+
+        wrk_env = {
+            **env,
+            "BENCH_CREDENTIALS": str(workdir / "credentials.txt"),
+            "BENCH_BODY": str(workdir / "body.json"),
+        }
+        script = str(Path(__file__).with_name("heartbeat.lua"))
+
+        def wrk(seconds: int) -> dict:
+            out = subprocess.run(
+                [
+                    "taskset",
+                    "-c",
+                    "1",
+                    "wrk",
+                    "-t1",
+                    f"-c{args.connections}",
+                    f"-d{seconds}s",
+                    "--timeout",
+                    "5s",
+                    "-s",
+                    script,
+                    f"http://127.0.0.1:{port}",
+                ],
+                env=wrk_env,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            line = next(line for line in out.splitlines() if line.startswith("RESULT "))
+            return json.loads(line.removeprefix("RESULT "))
+
+        wrk(2)  # warm-up, discarded
+        result = wrk(args.seconds)
+        rate = result["requests"] / result["seconds"]
+        print(
+            f"heartbeats: {args.nodes} nodes x {args.gpus} GPUs, {args.connections} connections, "
+            f"{args.web_workers} web workers pinned to core 0, wrk on core 1, {args.seconds} s"
+        )
+        print(
+            f"  sustained      {rate:8.0f} heartbeats/s  ({result['requests']} requests, "
+            f"{result['non_2xx']} non-2xx, {result['errors']} socket errors)"
+        )
+        print(
+            f"  latency        p50 {result['p50_ms']:.1f} ms   p99 {result['p99_ms']:.1f} ms   "
+            f"max {result['max_ms']:.1f} ms"
+        )
+        os.killpg(web.pid, signal.SIGTERM)
+        web.wait(30)
+        web = None
+
+        # Sweep: --sweep-nodes nodes online with heartbeats older than the offline limit.
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        Node.objects.all().delete()
+        old = timezone.now() - timedelta(hours=1)
+        Node.objects.bulk_create(
+            [
+                Node(
+                    name=f"sweep-{i}",
+                    accelerator="cpu",
+                    credential_hash=f"{i:064x}",
+                    liveness="online",
+                    last_heartbeat_at=old,
+                )
+                for i in range(args.sweep_nodes)
+            ],
+            batch_size=5000,
+        )
+        started = time.perf_counter()
+        moved = sweep()
+        due_ms = (time.perf_counter() - started) * 1000
+        idle = []
+        for _ in range(5):
+            started = time.perf_counter()
+            sweep()
+            idle.append((time.perf_counter() - started) * 1000)
+        print(f"sweep over {args.sweep_nodes} nodes")
+        print(
+            f"  all due        {due_ms:8.1f} ms  ({len(moved.offline)} moved to offline, events and "
+            f"node_offline alerts written)"
+        )
+        print(f"  nothing due    {statistics.median(idle):8.1f} ms  (median of 5)")
+        connection.close()
+        return 0
+    finally:
+        if web is not None and web.poll() is None:
+            os.killpg(web.pid, signal.SIGTERM)
+            web.wait(30)
+        stack.destroy()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
