@@ -65,8 +65,8 @@ class Supervisor:
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.stopping = False
 
-    def start(self, name: str, argv: list[str]) -> None:
-        self.children[name] = subprocess.Popen(argv, cwd=ROOT, env=self.env, start_new_session=True)
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.children[name] = subprocess.Popen(argv, cwd=ROOT, env=env or self.env, start_new_session=True)
 
     def first_exited(self) -> tuple[str, int] | None:
         for name, child in self.children.items():
@@ -156,7 +156,10 @@ def run() -> int:
         )
         supervisor.start("beat", [PYTHON, "-m", "celery", "-A", "modelforge", "beat", "-l", "INFO"])
         url = f"http://{host}:{port}/"
-        if _wait_http(url + "healthz", 60):
+        healthy = _wait_http(url + "healthz", 60)
+        if healthy and env.get("MODELFORGE_LOCAL_AGENT", "true").lower() not in ("0", "false", "no", "off"):
+            supervisor.start("agent", [PYTHON, "-m", "agent"], env=_local_agent_env(env, home, url))
+        if healthy:
             say(f"ModelForge is running at {url}  (admin {url}admin/, API {url}api/v1/schema/)")
             say(f"operator API key: {home / 'secrets' / 'operator-api-key'}; Ctrl-C stops everything")
         while not supervisor.stopping:
@@ -176,6 +179,33 @@ def run() -> int:
         stack.stop()
         say("stopped")
     return code
+
+
+def _local_agent_env(base: dict[str, str], home: Path, url: str) -> dict[str, str]:
+    """The local node's agent (the node co-located with the control plane): enrolled once with a token
+    minted here, its identity kept under MODELFORGE_HOME/agent like any agent's state volume."""
+    env = dict(base)
+    volume = home / "agent" / "volume"
+    if not (volume / "identity.json").exists():
+        minted = subprocess.run(
+            [PYTHON, "manage.py", "mint_enrollment_token", "--note", "local node (make run)"],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        env["MODELFORGE_AGENT_ENROLLMENT_TOKEN"] = minted.stdout.strip()
+    env.update(
+        MODELFORGE_AGENT_CONTROL_PLANE_URL=url.rstrip("/"),
+        MODELFORGE_AGENT_STATE_VOLUME=str(volume),
+        MODELFORGE_AGENT_CLUSTER_SECRET=env["MODELFORGE_CLUSTER_SECRET"],
+        MODELFORGE_AGENT_LISTEN_HOST="127.0.0.1",
+        MODELFORGE_AGENT_ADVERTISE_HOST="127.0.0.1",
+    )
+    env.setdefault("MODELFORGE_AGENT_PORT", "8471")
+    env.setdefault("MODELFORGE_AGENT_ACCELERATOR_MODE", "auto")
+    return env
 
 
 def up() -> int:

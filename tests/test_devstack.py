@@ -30,6 +30,7 @@ def test_the_embedded_platform_starts_serves_and_stops_cleanly(tmp_path):
         MODELFORGE_CLUSTER_SECRET=None,
         MODELFORGE_WEB_WORKERS="1",
         MODELFORGE_WORKER_CONCURRENCY="1",
+        MODELFORGE_AGENT_PORT=str(free_port()),
     )
     running = start_process([PYTHON, "-m", "modelforge.devstack", "run"], env, tmp_path / "run.log")
     base = f"http://127.0.0.1:{web_port}"
@@ -60,6 +61,20 @@ def test_the_embedded_platform_starts_serves_and_stops_cleanly(tmp_path):
                 return json.loads(response.read())["worker_seen_at"] is not None
 
         assert wait_until(worker_seen, 60, interval=1), running.log()[-4000:]
+
+        # The local node's agent enrolled and reports: one real node online with real figures.
+        nodes_request = urllib.request.Request(
+            base + "/api/v1/nodes?liveness=online", headers={"Authorization": f"Bearer {key}"}
+        )
+
+        def local_node_online() -> bool:
+            with urllib.request.urlopen(nodes_request, timeout=5) as response:
+                return json.loads(response.read())["count"] == 1
+
+        assert wait_until(local_node_online, 60, interval=1), running.log()[-4000:]
+        with urllib.request.urlopen(nodes_request, timeout=5) as response:
+            local = json.loads(response.read())["results"][0]
+        assert local["memory_total_bytes"] > 0 and local["assignable"] is True
     finally:
         code = interrupt(running)
     assert_stopped_cleanly(code, running.log(), home, base)
@@ -70,6 +85,21 @@ def test_the_embedded_platform_starts_serves_and_stops_cleanly(tmp_path):
         assert wait_until(lambda: "ModelForge is running at" in again.log(), 120), again.log()[-4000:]
         assert "An operator login already exists" in again.log()
         assert "Applying" not in again.log()
+
+        # The local agent came back with its kept identity: still exactly one node, the same one.
+        def same_single_node() -> bool:
+            request = urllib.request.Request(
+                base + "/api/v1/nodes", headers={"Authorization": f"Bearer {key}"}
+            )
+            with urllib.request.urlopen(request, timeout=5) as response:
+                body = json.loads(response.read())
+            return (
+                body["count"] == 1
+                and body["results"][0]["id"] == local["id"]
+                and body["results"][0]["liveness"] == "online"
+            )
+
+        assert wait_until(same_single_node, 60, interval=1), again.log()[-4000:]
         assert (home / "secrets" / "operator-login").read_text() == login
     finally:
         code = interrupt(again)
