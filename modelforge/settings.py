@@ -144,7 +144,9 @@ DATABASES = {
 DATABASE_POOL_SIZE = read.integer("MODELFORGE_DATABASE_POOL_SIZE", 10, minimum=1, maximum=500)
 DATABASES["default"]["CONN_MAX_AGE"] = 0
 DATABASES["default"].setdefault("OPTIONS", {})
-DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 1, "max_size": DATABASE_POOL_SIZE, "timeout": 10}
+# A checkout waits at most 5 s: long enough to ride out a burst, short enough that /readyz and callers
+# learn quickly that the database is gone.
+DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 1, "max_size": DATABASE_POOL_SIZE, "timeout": 5}
 DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 5)
 DATABASES["default"]["OPTIONS"].setdefault("application_name", "modelforge")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -95,16 +95,16 @@ class AlertManager(models.Manager["Alert"]):
 class Alert(models.Model):
     """A condition that needs an operator's attention, raised once and cleared when it no longer holds."""
 
-    code = models.CharField(max_length=64, db_index=True)
-    severity = models.CharField(max_length=16, choices=Severity.choices, db_index=True)
+    code = models.CharField(max_length=64)
+    severity = models.CharField(max_length=16, choices=Severity.choices)
     subject_type = models.CharField(max_length=32)
     subject_id = models.CharField(max_length=64)
     subject_name = models.CharField(max_length=255)
     dedup_key = models.CharField(max_length=255)
     message = models.TextField()
-    raised_at = models.DateTimeField(default=timezone.now, db_index=True)
+    raised_at = models.DateTimeField(default=timezone.now)
     last_raised_at = models.DateTimeField(default=timezone.now)
-    cleared_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    cleared_at = models.DateTimeField(null=True, blank=True)
     occurrences = models.PositiveIntegerField(default=1)
 
     objects = AlertManager()
@@ -118,7 +118,12 @@ class Alert(models.Model):
                 name="alerts_one_open_alert_per_key",
             ),
         ]
-        indexes = [models.Index(fields=["subject_type", "subject_id"], name="alerts_subject_idx")]
+        # Few indexes on purpose: a mass outage raises thousands of alerts in one statement, and every
+        # index is written per row. Lists are small and ordered by time; subjects are looked up by key.
+        indexes = [
+            models.Index(fields=["subject_type", "subject_id"], name="alerts_subject_idx"),
+            models.Index(fields=["-raised_at"], name="alerts_raised_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.code} on {self.subject_type} {self.subject_name}"

@@ -60,7 +60,7 @@ class HeartbeatEndpoint:
                 kwargs={**kwargs, "autocommit": True},
                 min_size=1,
                 max_size=settings.DATABASE_POOL_SIZE,
-                timeout=10,
+                timeout=5,
                 open=False,
             )
             await pool.open()
