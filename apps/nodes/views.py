@@ -57,13 +57,22 @@ def node_ping(request: HttpRequest, pk: str) -> HttpResponse:
     return redirect("nodes:detail", pk=node.pk)
 
 
+MINTED_SESSION_KEY = "nodes.minted_token"
+
+
 @staff_required
 def token_list(request: HttpRequest) -> HttpResponse:
-    minted = None
     if request.method == "POST":
+        # Post/redirect/get: a reload must never mint a second token. The plain value rides in the
+        # session for exactly one page view, then it is gone.
         note = request.POST.get("note", "")[:200]
         token, plain = EnrollmentToken.objects.mint(note=note, created_by=request.user)
-        minted = {"token": token, "plain": plain}
+        request.session[MINTED_SESSION_KEY] = {"id": token.pk, "plain": plain}
+        return redirect("nodes:tokens")
+    minted = None
+    stashed = request.session.pop(MINTED_SESSION_KEY, None)
+    if stashed:
+        minted = {"token": EnrollmentToken.objects.get(pk=stashed["id"]), "plain": stashed["plain"]}
     page = Paginator(EnrollmentToken.objects.select_related("node"), 50).get_page(request.GET.get("page"))
     return render(request, "nodes/token_list.html", {"page": page, "minted": minted, "active_nav": "nodes"})
 

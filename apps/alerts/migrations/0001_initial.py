@@ -5,33 +5,51 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Alert',
+            name="Alert",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('code', models.CharField(max_length=64)),
-                ('severity', models.CharField(choices=[('info', 'Info'), ('warning', 'Warning'), ('critical', 'Critical')], max_length=16)),
-                ('subject_type', models.CharField(max_length=32)),
-                ('subject_id', models.CharField(max_length=64)),
-                ('subject_name', models.CharField(max_length=255)),
-                ('dedup_key', models.CharField(max_length=255)),
-                ('message', models.TextField()),
-                ('raised_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('last_raised_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('cleared_at', models.DateTimeField(blank=True, null=True)),
-                ('occurrences', models.PositiveIntegerField(default=1)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("code", models.CharField(max_length=64)),
+                (
+                    "severity",
+                    models.CharField(
+                        choices=[("info", "Info"), ("warning", "Warning"), ("critical", "Critical")],
+                        max_length=16,
+                    ),
+                ),
+                ("subject_type", models.CharField(max_length=32)),
+                ("subject_id", models.CharField(max_length=64)),
+                ("subject_name", models.CharField(max_length=255)),
+                ("dedup_key", models.CharField(max_length=255)),
+                ("message", models.TextField()),
+                ("raised_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("last_raised_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("cleared_at", models.DateTimeField(blank=True, null=True)),
+                ("occurrences", models.PositiveIntegerField(default=1)),
             ],
             options={
-                'ordering': ['-raised_at', '-id'],
-                'indexes': [models.Index(fields=['subject_type', 'subject_id'], name='alerts_subject_idx'), models.Index(fields=['-raised_at'], name='alerts_raised_idx')],
-                'constraints': [models.UniqueConstraint(condition=models.Q(('cleared_at__isnull', True)), fields=('dedup_key',), name='alerts_one_open_alert_per_key')],
+                "ordering": ["-raised_at", "-id"],
+                "indexes": [
+                    models.Index(fields=["subject_type", "subject_id"], name="alerts_subject_idx"),
+                    models.Index(fields=["-raised_at"], name="alerts_raised_idx"),
+                ],
+                "constraints": [
+                    models.UniqueConstraint(
+                        condition=models.Q(("cleared_at__isnull", True)),
+                        fields=("dedup_key",),
+                        name="alerts_one_open_alert_per_key",
+                    )
+                ],
             },
         ),
     ]

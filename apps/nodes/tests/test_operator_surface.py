@@ -81,8 +81,9 @@ def test_dashboard_pages_render(client, fleet):
     detail = client.get(f"/nodes/{gpu.pk}/")
     assert b"external pressure" in detail.content
     assert b'class="seg managed"' in detail.content
-    minted = client.post("/nodes/enrollment-tokens/", {"note": "for rack 3"})
+    minted = client.post("/nodes/enrollment-tokens/", {"note": "for rack 3"}, follow=True)
     assert b"shown once" in minted.content and b"mfe_" in minted.content
+    assert b'id="minted-token"' not in client.get("/nodes/enrollment-tokens/").content  # once only
     client.post(f"/nodes/{idle.pk}/enable")
     idle.refresh_from_db()
     assert idle.enabled
