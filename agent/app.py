@@ -17,8 +17,10 @@ from agent import __version__
 from agent.accelerator import Accelerator, AcceleratorRefusal, detect_accelerator
 from agent.client import (
     ENROLLMENT_TOKEN_EXPIRED,
+    ENROLLMENT_TOKEN_REVOKED,
     ENROLLMENT_TOKEN_UNKNOWN,
     ENROLLMENT_TOKEN_USED,
+    NODE_NAME_TAKEN,
     ControlPlaneClient,
     ControlPlaneError,
     ControlPlaneRefused,
@@ -26,6 +28,7 @@ from agent.client import (
 from agent.heartbeat import HeartbeatLoop, backoff_delay, heartbeat_payload
 from agent.home import AGENT_HOME_NOT_WRITABLE, check_writable
 from agent.identity import IDENTITY_FILE_INVALID, Identity, IdentityFileInvalid, load_identity, save_identity
+from agent.processes import ProcessManager
 from agent.server import AgentContext, AgentServer
 from agent.settings import (
     CONTROL_PLANE_URL,
@@ -85,6 +88,20 @@ def _enrollment_refusal(settings: AgentSettings, exc: ControlPlaneRefused) -> St
             ENROLLMENT_TOKEN_UNKNOWN,
             f"the control plane does not know this enrollment token; check that {ENROLLMENT_TOKEN} was "
             f"copied whole and that {CONTROL_PLANE_URL} points at the control plane that minted it",
+        )
+    if exc.code == ENROLLMENT_TOKEN_REVOKED:
+        return StartRefused(
+            ENROLLMENT_TOKEN_REVOKED,
+            "the enrollment token was revoked in the control plane; mint a new one and set "
+            f"{ENROLLMENT_TOKEN}",
+        )
+    if exc.code == NODE_NAME_TAKEN:
+        return StartRefused(
+            NODE_NAME_TAKEN,
+            f"a node named {settings.name!r} is already enrolled. If it is this machine, its identity file "
+            f"was lost from {STATE_VOLUME} ({settings.state_volume}): restore it, or delete the old node in "
+            "the control plane first; otherwise set MODELFORGE_AGENT_NAME to another name. The token is "
+            "still usable.",
         )
     return StartRefused(
         ENROLLMENT_REFUSED,
@@ -211,8 +228,9 @@ def run(environ: Mapping[str, str], stop: threading.Event | None = None) -> int:
         identity = obtain_identity(settings, accelerator, client, stop)
         if identity is None:
             return EXIT_OK
+        processes = ProcessManager(settings.models_dir)
         context = AgentContext(
-            settings.cluster_secret, identity.node_id, identity.node_name, settings.models_dir
+            settings.cluster_secret, identity.node_id, identity.node_name, settings.models_dir, processes
         )
         try:
             server = AgentServer((settings.listen_host, settings.port), context)
@@ -231,12 +249,11 @@ def run(environ: Mapping[str, str], stop: threading.Event | None = None) -> int:
             settings.port,
             settings.agent_url,
         )
-        # Empty until model servers are launched (a later issue); their GPU memory is "managed".
-        managed_pids: set[int] = set()
+        # The model servers this agent launched: their GPU memory is "managed", the rest external.
         loop = HeartbeatLoop(
             client,
             identity.credential,
-            lambda: heartbeat_payload(settings, accelerator, frozenset(managed_pids)),
+            lambda: heartbeat_payload(settings, accelerator, processes.pids()),
             # The first heartbeat goes out at once; its answer carries the control plane's interval.
             settings.heartbeat_interval_s,
             stop,
@@ -250,5 +267,8 @@ def run(environ: Mapping[str, str], stop: threading.Event | None = None) -> int:
         if server is not None:
             server.shutdown()
             server.server_close()
+            # Model servers do not outlive their agent: nothing would watch or report them.
+            if server.context.processes is not None:
+                server.context.processes.stop_all()
         client.close()
         accelerator.shutdown()

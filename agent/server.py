@@ -22,6 +22,7 @@ from typing import Any
 
 from agent import __version__
 from agent.models import InvalidModelName, check_presence
+from agent.processes import ProcessManager
 from agent.protocol import CORRELATION_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
 
 logger = logging.getLogger("agent.server")
@@ -43,6 +44,7 @@ class AgentContext:
     node_id: str
     node_name: str
     models_dir: Path
+    processes: ProcessManager | None = None
 
 
 class ApiError(Exception):
@@ -77,10 +79,71 @@ def presence(context: AgentContext, body: bytes) -> dict[str, Any]:
         raise ApiError(400, VALIDATION_ERROR, str(exc)) from None
 
 
+def _json_object(body: bytes, shape: str) -> dict[str, Any]:
+    try:
+        data = json.loads(body or b"null")
+    except ValueError:
+        raise ApiError(400, VALIDATION_ERROR, f"the body must be JSON: {shape}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, VALIDATION_ERROR, f"the body must be a JSON object: {shape}")
+    return data
+
+
+def _manager(context: AgentContext) -> ProcessManager:
+    if context.processes is None:
+        raise ApiError(404, NOT_FOUND, "this agent does not run model servers")
+    return context.processes
+
+
+LAUNCH_SHAPE = (
+    '{"server_id", "model", "command", "args": [...], "env": {...}, "health_path", "values": {...}}'
+)
+
+
+def launch_server(context: AgentContext, body: bytes) -> dict[str, Any]:
+    """Launch a model server from the control plane's template (placeholders filled here)."""
+    spec = _json_object(body, LAUNCH_SHAPE)
+    for key, kind in (
+        ("server_id", str),
+        ("model", str),
+        ("command", str),
+        ("args", list),
+        ("health_path", str),
+    ):
+        if not isinstance(spec.get(key), kind):
+            raise ApiError(400, VALIDATION_ERROR, f"{key} must be a {kind.__name__}: {LAUNCH_SHAPE}")
+    presence_of = check_presence(context.models_dir, spec["model"])
+    if not presence_of.present:
+        raise ApiError(409, "model_not_present_on_node", "Replicate the model to that node first.")
+    try:
+        return _manager(context).launch(spec).as_payload()
+    except OSError as exc:
+        raise ApiError(409, "LAUNCH_FAILED", f"cannot start {spec['command']!r}: {exc.strerror}") from None
+
+
+def server_status(context: AgentContext, body: bytes) -> dict[str, Any]:
+    server_id = str(_json_object(body, '{"server_id"}').get("server_id"))
+    managed = _manager(context).get(server_id)
+    if managed is None:
+        raise ApiError(404, NOT_FOUND, f"this agent runs no server {server_id}")
+    return managed.as_payload()
+
+
+def stop_server(context: AgentContext, body: bytes) -> dict[str, Any]:
+    server_id = str(_json_object(body, '{"server_id"}').get("server_id"))
+    managed = _manager(context).stop(server_id)
+    if managed is None:
+        raise ApiError(404, NOT_FOUND, f"this agent runs no server {server_id}")
+    return managed.as_payload()
+
+
 Handler = Callable[[AgentContext, bytes], dict[str, Any]]
 ROUTES: dict[str, dict[str, Handler]] = {
     "/v1/ping": {"GET": ping},
     "/v1/presence": {"POST": presence},
+    "/v1/servers": {"POST": launch_server},
+    "/v1/servers/status": {"POST": server_status},
+    "/v1/servers/stop": {"POST": stop_server},
 }
 
 

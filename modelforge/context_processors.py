@@ -10,7 +10,7 @@ from django.http import HttpRequest
 NAVIGATION: list[dict[str, str | None]] = [
     {"key": "home", "label": "Overview", "url_name": "dashboard:home"},
     {"key": "nodes", "label": "Nodes", "url_name": "nodes:list"},
-    {"key": "servers", "label": "Model servers", "url_name": None},
+    {"key": "servers", "label": "Model servers", "url_name": "servers:list"},
     {"key": "clusters", "label": "Clusters", "url_name": None},
     {"key": "artifacts", "label": "Artifacts", "url_name": None},
     {"key": "backups", "label": "Backups", "url_name": None},

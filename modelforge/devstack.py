@@ -199,10 +199,13 @@ def _local_agent_env(base: dict[str, str], home: Path, url: str) -> dict[str, st
     env.update(
         MODELFORGE_AGENT_CONTROL_PLANE_URL=url.rstrip("/"),
         MODELFORGE_AGENT_STATE_VOLUME=str(volume),
-        MODELFORGE_AGENT_CLUSTER_SECRET=env["MODELFORGE_CLUSTER_SECRET"],
         MODELFORGE_AGENT_LISTEN_HOST="127.0.0.1",
         MODELFORGE_AGENT_ADVERTISE_HOST="127.0.0.1",
     )
+    if env.get("MODELFORGE_CLUSTER_SECRET_FILE"):
+        env["MODELFORGE_AGENT_CLUSTER_SECRET_FILE"] = env["MODELFORGE_CLUSTER_SECRET_FILE"]
+    else:
+        env["MODELFORGE_AGENT_CLUSTER_SECRET"] = env["MODELFORGE_CLUSTER_SECRET"]
     env.setdefault("MODELFORGE_AGENT_PORT", "8471")
     env.setdefault("MODELFORGE_AGENT_ACCELERATOR_MODE", "auto")
     return env

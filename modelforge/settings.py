@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+from apps.servers.profiles import load_profiles
 from modelforge import startup
 from modelforge.config import SettingsReader
 
@@ -62,6 +63,17 @@ ENROLLMENT_TOKEN_TTL = read.integer("MODELFORGE_ENROLLMENT_TOKEN_TTL", 3600, min
 AGENT_CALL_TIMEOUT = read.integer("MODELFORGE_AGENT_CALL_TIMEOUT", 10, minimum=1, maximum=300)
 CLUSTER_SECRET = read.string("MODELFORGE_CLUSTER_SECRET")
 
+# Model servers: runtime profiles are manifests under config/runtimes (mounted in deployment).
+CONFIG_DIR = Path(read.string("MODELFORGE_CONFIG_DIR", str(BASE_DIR / "config")) or "").resolve()
+RUNTIME_PROFILES, _profile_problems = load_profiles(CONFIG_DIR)
+for _problem in _profile_problems:
+    read.problem(_problem.code, _problem.where, _problem.message)
+# The node co-located with the control plane: the only one local-node-only servers (GGUF, encrypted
+# weights) may run on. make run names its own node here.
+LOCAL_NODE = read.string("MODELFORGE_LOCAL_NODE")
+PLACEMENT_STRATEGY = read.choice("MODELFORGE_PLACEMENT_STRATEGY", "spread", ("spread", "pack"))
+SERVER_START_TIMEOUT = read.integer("MODELFORGE_SERVER_START_TIMEOUT", 300, minimum=5, maximum=3600)
+
 MODELFORGE_CONFIG_PROBLEMS = startup.collect_problems(
     read,
     production=PRODUCTION,
@@ -91,6 +103,7 @@ INSTALLED_APPS = [
     "apps.core",
     "apps.alerts",
     "apps.nodes",
+    "apps.servers",
 ]
 
 MIDDLEWARE = [

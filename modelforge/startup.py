@@ -156,7 +156,8 @@ def collect_problems(
             "the database password is a well-known development value; set a strong password "
             "on the database role and in the URL",
         )
-    return list(read.problems)
+    # The reader's own list, not a copy: settings read after this call still report their problems.
+    return read.problems
 
 
 def refusal_text(problems: list[Problem]) -> str:

@@ -8,6 +8,7 @@ api_patterns: list[URLPattern | URLResolver] = [
     path("", include("apps.core.api.urls")),
     path("", include("apps.nodes.api.urls")),
     path("", include("apps.alerts.api.urls")),
+    path("", include("apps.servers.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
 ]
 
@@ -18,6 +19,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("nodes/", include("apps.nodes.urls")),
     path("alerts/", include("apps.alerts.urls")),
+    path("servers/", include("apps.servers.urls")),
     path("", include("apps.core.urls")),
 ]
 

@@ -121,7 +121,11 @@ def record_secret_ok(node: Node) -> None:
 
 
 def _record_unreachable(node: Node, detail: str) -> None:
+    # The event marks the moment it became unreachable, not every failed call after it.
+    first = Node.objects.filter(pk=node.pk, agent_error="").update(agent_error=detail[:255])
     Node.objects.filter(pk=node.pk).update(agent_error=detail[:255])
+    if first:
+        NodeEvent.objects.create(node=node, kind=EventKind.AGENT_UNREACHABLE, detail=detail[:500])
     logger.warning("node %s: agent unreachable: %s", node.name, detail)
 
 

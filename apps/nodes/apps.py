@@ -7,3 +7,6 @@ class NodesConfig(AppConfig):
     name = "apps.nodes"
     label = "nodes"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from apps.nodes import signals  # noqa: F401 -- connects the receivers

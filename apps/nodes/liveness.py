@@ -15,6 +15,7 @@ from apps.alerts.models import Alert
 from apps.nodes import codes
 from apps.nodes.choices import EventKind, Liveness
 from apps.nodes.models import Node, NodeEvent
+from apps.nodes.signals import nodes_went_offline
 
 # One statement moves every node due for a transition and writes its event row. The row locks are
 # taken with SKIP LOCKED: a node whose heartbeat is being recorded right now is not due, and the next
@@ -109,4 +110,7 @@ def sweep(now: datetime | None = None) -> SweepResult:
             "Nothing new is assigned to it until it reports again.",
             at=now,
         )
+        if result.offline:
+            # Higher layers (model servers on those nodes) react in the same transaction.
+            nodes_went_offline.send(sender=sweep, nodes=result.offline, at=now)
     return result

@@ -20,7 +20,7 @@ def test_an_operator_sees_gpu_memory_split_and_mints_a_token(live_web, browser):
         gpu_report(1, total=24 * GIB, used=3 * GIB, managed=0),
     ]
     beat(credential, report)
-    page = browser.new_page()  # type: ignore[attr-defined]
+    page = browser.new_page()
     try:
         log_in(page, live_web.url, "ops", "correct-horse-battery-9")
         page.click("nav.sidebar >> text=Nodes")

@@ -1,0 +1,116 @@
+"""A tiny real HTTP engine for tests and demonstrations: OpenAI-shaped answers, no model.
+
+    python -m agent.engines.echo --port 9000 --model NAME
+
+``GET /health``, ``GET /v1/models``, ``POST /v1/embeddings`` (a deterministic 8-dimensional vector per
+input, derived from its SHA-256) and ``POST /v1/chat/completions`` (echoes the last user message). It is
+what the ``test-echo`` runtime profile launches, so placement, remote starts, stops and routing can be
+exercised with a real process and real HTTP on any machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import signal
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+def vector(text: str) -> list[float]:
+    digest = hashlib.sha256(text.encode()).digest()
+    return [round(b / 255, 6) for b in digest[:8]]
+
+
+def make_handler(model: str) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _json(self, status: int, payload: dict[str, Any]) -> None:
+            body = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self._json(200, {"status": "ok", "model": model})
+            elif self.path == "/v1/models":
+                self._json(200, {"object": "list", "data": [{"id": model, "object": "model"}]})
+            else:
+                self._json(404, {"error": {"message": "not found"}})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                request = json.loads(self.rfile.read(length) or b"{}")
+            except ValueError:
+                self._json(400, {"error": {"message": "body is not JSON"}})
+                return
+            if self.path == "/v1/embeddings":
+                inputs = request.get("input", [])
+                inputs = [inputs] if isinstance(inputs, str) else list(inputs)
+                data = [
+                    {"object": "embedding", "index": i, "embedding": vector(str(t))}
+                    for i, t in enumerate(inputs)
+                ]
+                self._json(
+                    200,
+                    {
+                        "object": "list",
+                        "model": model,
+                        "data": data,
+                        "usage": {"prompt_tokens": len(inputs), "total_tokens": len(inputs)},
+                    },
+                )
+            elif self.path == "/v1/chat/completions":
+                messages = request.get("messages") or [{"content": ""}]
+                text = str(messages[-1].get("content", ""))
+                self._json(
+                    200,
+                    {
+                        "id": f"chatcmpl-{int(time.time() * 1000)}",
+                        "object": "chat.completion",
+                        "model": model,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "finish_reason": "stop",
+                                "message": {"role": "assistant", "content": f"echo: {text}"},
+                            }
+                        ],
+                    },
+                )
+            else:
+                self._json(404, {"error": {"message": "not found"}})
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m agent.engines.echo")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--model", default="echo")
+    args = parser.parse_args(argv)
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(args.model))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""Signals of the nodes domain, for higher layers to react without nodes importing them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models.signals import post_delete
+from django.dispatch import Signal, receiver
+
+from apps.alerts.models import Alert
+from apps.nodes import codes
+from apps.nodes.models import Node
+
+# Sent by the liveness sweep with ``nodes=[(id, name), ...]`` that just went offline.
+nodes_went_offline = Signal()
+
+
+@receiver(post_delete, sender=Node)
+def _clear_alerts_of_a_deleted_node(sender: Any, instance: Node, **kwargs: Any) -> None:
+    """A deleted node's open alerts would otherwise stay open for good: nothing can clear them."""
+    Alert.objects.clear_for(
+        [codes.ALERT_NODE_STALE, codes.ALERT_NODE_OFFLINE, codes.ALERT_CLUSTER_SECRET_MISMATCH],
+        "node",
+        str(instance.pk),
+    )

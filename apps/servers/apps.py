@@ -1,0 +1,12 @@
+from django.apps import AppConfig
+
+
+class ServersConfig(AppConfig):
+    """Model servers: runtime profiles, capacity-aware placement, remote starts through the agent."""
+
+    name = "apps.servers"
+    label = "servers"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from apps.servers import lifecycle  # noqa: F401 -- connects the node-offline receiver

@@ -1,0 +1,16 @@
+"""Refusal codes and keys of model servers, spelled exactly as the source documents spell them."""
+
+NO_ELIGIBLE_NODE = "NO_ELIGIBLE_NODE"
+CAPACITY_CONSTRAINED = "CAPACITY_CONSTRAINED"
+UNKNOWN_RUNTIME_PROFILE = "UNKNOWN_RUNTIME_PROFILE"
+INVALID_SERVER_STATE = "INVALID_SERVER_STATE"
+
+# Remote starts refused outright (lower-case keys, as the seed's table has them).
+LLAMACPP_REMOTE_UNSUPPORTED = "llamacpp_remote_unsupported"
+MODEL_NOT_PRESENT_ON_NODE = "model_not_present_on_node"
+INSUFFICIENT_SHARED_MEMORY = "insufficient_shared_memory"
+ENCRYPTED_WEIGHTS_LOCAL_ONLY = "encrypted_weights_local_only"
+
+# A server whose node went offline is marked so in the books.
+NODE_OFFLINE = "NODE_OFFLINE"
+LAUNCH_FAILED = "LAUNCH_FAILED"

@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db import models
+from django.utils import timezone
+
+from apps.nodes.models import GPU, Node
+from apps.servers.choices import HOLDING, TRANSITIONS, ServerState
+from apps.servers.codes import INVALID_SERVER_STATE
+from modelforge.errors import ApiError
+
+
+class ModelServer(models.Model):
+    """A model server to run: which profile and model, where it was placed, and its state."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(max_length=63, unique=True)
+    profile = models.CharField(max_length=63)
+    model = models.CharField(max_length=255, help_text="The model's name under the node's models directory.")
+    weights_bytes = models.BigIntegerField(null=True, blank=True)
+    gpus_wanted = models.PositiveSmallIntegerField(default=0)
+    encrypted = models.BooleanField(default=False)
+    state = models.CharField(max_length=16, choices=ServerState.choices, default=ServerState.PENDING)
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.PROTECT, related_name="servers")
+    memory_per_unit_bytes = models.BigIntegerField(default=0)
+    memory_rule = models.CharField(max_length=200, blank=True)
+    placement_explanation = models.JSONField(default=list, blank=True)
+    port = models.PositiveIntegerField(null=True, blank=True)
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    failure_code = models.CharField(max_length=64, blank=True)
+    failure_message = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    running_at = models.DateTimeField(null=True, blank=True)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["state"], name="servers_state_idx")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def transition(self, to: str, *, detail: str = "", **fields: Any) -> None:
+        """Move to ``to`` if allowed from the current state, with a compare-and-swap on the state, and
+        leave an event row. Raises ``INVALID_SERVER_STATE`` otherwise."""
+        if to not in TRANSITIONS[self.state]:
+            raise ApiError(
+                INVALID_SERVER_STATE,
+                f"Server {self.name} is {self.state}; it cannot become {to}.",
+                409,
+            )
+        now = timezone.now()
+        if to == ServerState.RUNNING:
+            fields.setdefault("running_at", now)
+        if to in (ServerState.STOPPED, ServerState.FAILED):
+            fields.setdefault("stopped_at", now)
+        moved = ModelServer.objects.filter(pk=self.pk, state=self.state).update(state=to, **fields)
+        if not moved:
+            current = ModelServer.objects.values_list("state", flat=True).get(pk=self.pk)
+            raise ApiError(
+                INVALID_SERVER_STATE,
+                f"Server {self.name} changed to {current} meanwhile; it cannot become {to}.",
+                409,
+            )
+        ServerEvent.objects.create(
+            server=self, from_state=self.state, to_state=to, at=now, detail=detail[:500]
+        )
+        if to not in HOLDING:
+            Reservation.objects.filter(server=self).delete()
+        self.state = to
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+    def request_stop(self, by: str) -> None:
+        """Ask the agent to stop the process; the stop task finishes the transition."""
+        from django.db import transaction
+
+        from apps.servers.tasks import stop_server
+
+        self.transition(ServerState.STOPPING, detail=f"stop requested by {by}")
+        transaction.on_commit(lambda: stop_server.delay(str(self.pk)))
+
+    def fail(self, code: str, message: str) -> None:
+        self.transition(
+            ServerState.FAILED, detail=f"{code}: {message}", failure_code=code, failure_message=message
+        )
+
+
+class Reservation(models.Model):
+    """Memory set aside for a placed server on one GPU (or a cpu node's RAM, ``gpu`` empty) until the
+    node's heartbeats reflect the server's own use."""
+
+    server = models.ForeignKey(ModelServer, on_delete=models.CASCADE, related_name="reservations")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="reservations")
+    gpu = models.ForeignKey(GPU, null=True, blank=True, on_delete=models.CASCADE, related_name="reservations")
+    bytes = models.BigIntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.server_id} on {self.gpu_id or self.node_id}: {self.bytes}"
+
+
+class ServerEvent(models.Model):
+    """A state transition of a model server."""
+
+    server = models.ForeignKey(ModelServer, on_delete=models.CASCADE, related_name="events")
+    from_state = models.CharField(max_length=16)
+    to_state = models.CharField(max_length=16)
+    at = models.DateTimeField(default=timezone.now)
+    detail = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.server_id} {self.from_state}->{self.to_state}"

@@ -1,0 +1,95 @@
+"""Dashboard pages for model servers: list, place (with the scheduler's explanation), detail, stop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from apps.servers.api.serializers import PlaceRequestSerializer
+from apps.servers.filtersets import ModelServerFilterSet
+from apps.servers.models import ModelServer
+from apps.servers.scheduler import PlacementRefused, place
+from apps.servers.scheduler import Request as PlaceRequest
+from modelforge.errors import ApiError
+
+staff_required: Any = staff_member_required(login_url="dashboard:login")
+
+
+@staff_required
+def server_list(request: HttpRequest) -> HttpResponse:
+    filterset = ModelServerFilterSet(request.GET, queryset=ModelServer.objects.select_related("node"))
+    page = Paginator(filterset.qs, 50).get_page(request.GET.get("page"))
+    return render(
+        request, "servers/server_list.html", {"filter": filterset, "page": page, "active_nav": "servers"}
+    )
+
+
+@staff_required
+def server_new(request: HttpRequest) -> HttpResponse:
+    refusal: dict[str, Any] | None = None
+    errors: dict[str, Any] = {}
+    if request.method == "POST":
+        data: dict[str, Any] = {
+            k: v for k, v in request.POST.items() if k != "csrfmiddlewaretoken" and v != ""
+        }
+        if "weights_gib" in data:
+            try:
+                data["weights_bytes"] = int(float(str(data.pop("weights_gib"))) * 2**30)
+            except ValueError:
+                errors["weights_gib"] = ["Enter a number."]
+        form = PlaceRequestSerializer(data=data)
+        if not errors and form.is_valid():
+            try:
+                server = place(PlaceRequest(**form.validated_data))
+            except PlacementRefused as exc:
+                refusal = {
+                    "code": exc.code,
+                    "message": exc.message.split(" [")[0],
+                    "verdicts": [v.as_dict() for v in exc.verdicts],
+                }
+            except ApiError as exc:
+                refusal = {"code": exc.code, "message": exc.message, "verdicts": []}
+            else:
+                messages.success(request, f"{server.name} placed on {server.node}; starting.")
+                return redirect("servers:detail", pk=server.pk)
+        else:
+            errors.update(form.errors if not errors else {})
+    context = {
+        "profiles": sorted(settings.RUNTIME_PROFILES.values(), key=lambda p: p.name),
+        "refusal": refusal,
+        "errors": errors,
+        "values": request.POST,
+        "active_nav": "servers",
+    }
+    return render(request, "servers/server_new.html", context, status=409 if refusal else 200)
+
+
+@staff_required
+def server_detail(request: HttpRequest, pk: str) -> HttpResponse:
+    server = get_object_or_404(ModelServer.objects.select_related("node"), pk=pk)
+    context = {
+        "server": server,
+        "reservations": server.reservations.select_related("gpu"),
+        "events": server.events.all()[:50],
+        "active_nav": "servers",
+    }
+    return render(request, "servers/server_detail.html", context)
+
+
+@staff_required
+@require_POST
+def server_stop(request: HttpRequest, pk: str) -> HttpResponse:
+    server = get_object_or_404(ModelServer, pk=pk)
+    try:
+        server.request_stop(by=request.user.get_username())
+        messages.info(request, f"Stopping {server.name}.")
+    except ApiError as exc:
+        messages.error(request, exc.message)
+    return redirect("servers:detail", pk=server.pk)
