@@ -100,7 +100,6 @@ SELECT g.id, g.node_id, g."index", g.memory_total_bytes, g.memory_used_bytes, g.
 FROM {GPU._meta.db_table} g
 WHERE g.node_id = ANY(%(nodes)s)
 ORDER BY g.id
-FOR UPDATE OF g
 """  # noqa: S608 -- table names are ours
 
 _NODE_HEADROOM = f"""
@@ -114,8 +113,13 @@ SELECT n.id, n.memory_available_bytes, n.last_heartbeat_at,
 FROM {Node._meta.db_table} n
 WHERE n.id = ANY(%(nodes)s)
 ORDER BY n.id
-FOR UPDATE OF n
 """  # noqa: S608
+
+# Locks first, in a statement of its own: under READ COMMITTED a statement's snapshot is taken when it
+# starts, so a headroom query that waited on these locks would still not see the reservations the
+# winner just committed. The next statement takes a fresh snapshot and does.
+_LOCK_GPUS = f"SELECT id FROM {GPU._meta.db_table} WHERE node_id = ANY(%(nodes)s) ORDER BY id FOR UPDATE"  # noqa: S608
+_LOCK_NODES = f"SELECT id FROM {Node._meta.db_table} WHERE id = ANY(%(nodes)s) ORDER BY id FOR UPDATE"  # noqa: S608
 
 
 def place(request: Request, now: datetime | None = None) -> ModelServer:
@@ -204,10 +208,12 @@ def place(request: Request, now: datetime | None = None) -> ModelServer:
 
     with transaction.atomic():
         by_id = {node.pk: node for node in candidates}
+        by_name = {node.name for node in candidates}
         fitting: list[Verdict] = []
         with connection.cursor() as cursor:
-            query = _GPU_HEADROOM if gpus else _NODE_HEADROOM
-            cursor.execute(query, {"nodes": list(by_id), "holding": list(HOLDING)})
+            params = {"nodes": list(by_id), "holding": list(HOLDING)}
+            cursor.execute(_LOCK_GPUS if gpus else _LOCK_NODES, params)
+            cursor.execute(_GPU_HEADROOM if gpus else _NODE_HEADROOM, params)
             rows = cursor.fetchall()
         if gpus:
             per_node: dict[Any, list[tuple[Any, ...]]] = {}
@@ -238,6 +244,18 @@ def place(request: Request, now: datetime | None = None) -> ModelServer:
                 choices[node.name] = chosen
         if not fitting:
             only = [v for v in verdicts if v.node in {n.name for n in nodes}]
+            shm_only = all(
+                v.reason.startswith(codes.INSUFFICIENT_SHARED_MEMORY) for v in verdicts if v.node in by_name
+            )
+            if shm_only:
+                raise PlacementRefused(
+                    codes.INSUFFICIENT_SHARED_MEMORY,
+                    f"Every candidate's /dev/shm is smaller than the {gib(profile.shm_bytes)} profile "
+                    f"{profile.name} needs. The agent's container needs a larger /dev/shm "  # noqa: S108
+                    "and must be recreated:",
+                    409,
+                    only,
+                )
             raise PlacementRefused(
                 codes.CAPACITY_CONSTRAINED,
                 f"No node has room for {request.name}: {gpus or 'no'} GPU(s) x {gib(need)} ({rule}). This is "

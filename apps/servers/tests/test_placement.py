@@ -1,0 +1,229 @@
+"""The scheduler: refusals by name with every node's numbers; external pressure and reservations
+counted; stale telemetry refuses; locality; concurrent placements never overcommit a GPU."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+import time_machine
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from apps.nodes.tests.factories import GIB
+from apps.servers.models import ModelServer, Reservation
+from apps.servers.scheduler import PlacementRefused, Request, place
+from apps.servers.tests.factories import cpu_node, gpu_node, gpu_request
+from modelforge.errors import ApiError
+
+pytestmark = pytest.mark.django_db
+
+
+def refused(request: Request) -> PlacementRefused:
+    with pytest.raises(PlacementRefused) as caught:
+        place(request)
+    return caught.value
+
+
+def test_no_node_at_all_is_no_eligible_node_503():
+    refusal = refused(gpu_request())
+    assert (refusal.code, refusal.status) == ("NO_ELIGIBLE_NODE", 503)
+    assert "no node is enrolled" in refusal.message
+
+
+def test_every_ineligible_node_is_named_with_its_reason(settings):
+    gpu_node("off", [(24, 0, 0)], enabled=False)
+    cpu_node("cpu-only")
+    stale = gpu_node("old", [(24, 0, 0)])
+    with time_machine.travel(timezone.now() + timedelta(seconds=settings.NODE_STALE_AFTER + 5), tick=False):
+        gpu_node("fresh-but-disabled", [(24, 0, 0)], enabled=False)
+        refusal = refused(gpu_request())
+    assert refusal.code == "NO_ELIGIBLE_NODE"
+    reasons = {v.node: v.reason for v in refusal.verdicts}
+    assert reasons["off"] == "disabled"
+    assert reasons["fresh-but-disabled"] == "disabled"
+    assert reasons["cpu-only"].startswith("stale telemetry") or "accelerator cpu" in reasons["cpu-only"]
+    assert reasons[stale.name].startswith("stale telemetry: last heartbeat")
+    assert "[old] stale telemetry" in refusal.message
+
+
+def test_a_wrong_accelerator_is_explained():
+    cpu_node("cpu-only")
+    refusal = refused(gpu_request())
+    assert refusal.verdicts[0].reason == "accelerator cpu, profile test-echo-gpu needs nvidia"
+
+
+def test_external_pressure_counts_and_the_refusal_gives_the_numbers():
+    # 24 GiB GPU; 20 GiB used, of which only 2 GiB are ModelForge's: 18 GiB of external pressure.
+    gpu_node("rig", [(24, 20, 2)])
+    refusal = refused(gpu_request(weights_gib=4))  # needs 1.2 x 4 + 1 = 5.8 GiB
+    assert (refusal.code, refusal.status) == ("CAPACITY_CONSTRAINED", 409)
+    assert (
+        "[rig] 0 of 1 GPU(s) have 5.8 GiB free, 1 needed (1.2 x 4.0 GiB of weights + 1.0 GiB overhead)"
+        in (refusal.message)
+    )
+    assert "GPU 0: 24.0 GiB total - 20.0 GiB used - 0.0 GiB reserved = 4.0 GiB" in refusal.message
+    assert not ModelServer.objects.exists()
+
+
+def test_reservations_count_until_a_heartbeat_reflects_them():
+    gpu_node("rig", [(24, 2, 0)])
+    first = place(gpu_request("a", weights_gib=7.5))  # 10 GiB
+    second = place(gpu_request("b", weights_gib=7.5))  # 22 - 10 = 12 >= 10
+    assert first.state == second.state == "starting"
+    refusal = refused(gpu_request("c", weights_gib=7.5))  # 22 - 20 = 2 < 10
+    assert "- 20.0 GiB reserved = 2.0 GiB" in refusal.message
+    assert Reservation.objects.count() == 2
+
+
+def test_a_disabled_or_stale_node_is_never_chosen(settings):
+    gpu_node("disabled-but-empty", [(80, 0, 0)], enabled=False)
+    gpu_node("busy", [(24, 10, 0)])
+    server = place(gpu_request())
+    assert server.node.name == "busy"
+    with time_machine.travel(timezone.now() + timedelta(seconds=settings.NODE_STALE_AFTER + 1), tick=False):
+        assert refused(gpu_request("later")).code == "NO_ELIGIBLE_NODE"
+
+
+def test_locality_wins_then_spread_or_pack(settings):
+    gpu_node("roomy", [(80, 0, 0)])
+    gpu_node("has-model", [(24, 0, 0)], models=["m1"])
+    gpu_node("snug", [(16, 0, 0)])
+    assert place(gpu_request("local", model="m1")).node.name == "has-model"
+    settings.PLACEMENT_STRATEGY = "spread"
+    assert place(gpu_request("spread", model="m2")).node.name == "roomy"
+    settings.PLACEMENT_STRATEGY = "pack"
+    assert place(gpu_request("pack", model="m2")).node.name == "snug"
+
+
+def test_multi_gpu_placement_takes_distinct_gpus_on_one_node():
+    gpu_node("quad", [(24, 0, 0), (24, 20, 0), (24, 0, 0), (24, 1, 0)])
+    server = place(gpu_request(gpus=3, weights_gib=24))  # 1.2 x 8 + 1 = 10.6 GiB per GPU
+    indexes = sorted(Reservation.objects.filter(server=server).values_list("gpu__index", flat=True))
+    assert indexes == [0, 2, 3]
+    assert refused(gpu_request("five", gpus=5)).code == "CAPACITY_CONSTRAINED"
+
+
+def test_too_little_shared_memory_is_refused_by_its_key():
+    gpu_node("small-shm", [(80, 0, 0)], shm_gib=4)
+    refusal = refused(Request(name="v", profile="vllm", model="m", gpus=1, weights_bytes=8 * GIB))
+    assert (refusal.code, refusal.status) == ("insufficient_shared_memory", 409)
+    assert "/dev/shm is 4.0 GiB, the profile needs 8.0 GiB" in refusal.message
+    assert "must be recreated" in refusal.message
+
+
+def test_gguf_servers_are_local_node_only(settings):
+    cpu_node("remote-cpu")
+    request = Request(name="g", profile="llamacpp-gguf", model="gemma", weights_bytes=GIB)
+    with pytest.raises(ApiError) as caught:
+        place(request)
+    assert (caught.value.code, caught.value.status) == ("llamacpp_remote_unsupported", 409)
+    assert "GGUF servers are local-node only. Deploy locally." in caught.value.message
+
+    settings.LOCAL_NODE = "local-cpu"
+    cpu_node("local-cpu")
+    pinned = Request(name="g2", profile="llamacpp-gguf", model="gemma", weights_bytes=GIB, node="remote-cpu")
+    with pytest.raises(ApiError) as caught:
+        place(pinned)
+    assert caught.value.code == "llamacpp_remote_unsupported"
+    assert (
+        place(Request(name="g3", profile="llamacpp-gguf", model="gemma", weights_bytes=GIB)).node.name
+        == "local-cpu"
+    )
+
+
+def test_encrypted_weights_are_local_node_only(settings):
+    gpu_node("remote", [(24, 0, 0)])
+    with pytest.raises(ApiError) as caught:
+        place(gpu_request(encrypted=True))
+    assert caught.value.code == "encrypted_weights_local_only"
+    settings.LOCAL_NODE = "remote"
+    assert place(gpu_request("enc", encrypted=True)).node.name == "remote"
+
+
+def test_cpu_servers_are_placed_by_available_ram():
+    cpu_node("tight", available_gib=0)
+    cpu_node("free", available_gib=8)
+    server = place(Request(name="echo", profile="test-echo", model="m"))
+    assert server.node.name == "free"
+    assert Reservation.objects.get(server=server).gpu is None
+
+
+@pytest.mark.parametrize(
+    ("request_", "code"),
+    [
+        (Request(name="x", profile="nope", model="m"), "UNKNOWN_RUNTIME_PROFILE"),
+        (Request(name="x", profile="test-echo", model="m", gpus=1), "VALIDATION_ERROR"),
+        (
+            Request(name="x", profile="test-echo-gpu", model="m", gpus=0, weights_bytes=GIB),
+            "VALIDATION_ERROR",
+        ),
+        (Request(name="x", profile="test-echo-gpu", model="m", gpus=1), "VALIDATION_ERROR"),
+    ],
+)
+def test_bad_requests_are_400s(request_, code):
+    with pytest.raises(ApiError) as caught:
+        place(request_)
+    assert (caught.value.code, caught.value.status) == (code, 400)
+
+
+def test_the_decision_takes_the_same_number_of_queries_for_any_number_of_nodes():
+    # Regression guard: placement must not query per node.
+    def queries_for(count: int, prefix: str) -> int:
+        for i in range(count):
+            gpu_node(f"{prefix}-{i}", [(24, 0, 0)] * 2)
+        with CaptureQueriesContext(connection) as captured:
+            place(gpu_request(f"{prefix}-srv"))
+        return len(captured.captured_queries)
+
+    assert queries_for(2, "few") == queries_for(30, "many")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_placements_never_overcommit_a_gpu():
+    gpu_node("contended", [(24, 0, 0)])  # each server needs 5.8 GiB: at most 4 fit (23.2 GiB)
+    racers = 10
+    barrier = threading.Barrier(racers)
+    outcomes: list[str] = []
+
+    def race(i: int) -> None:
+        try:
+            barrier.wait()
+            place(gpu_request(f"racer-{i}"))
+            outcomes.append("placed")
+        except PlacementRefused as exc:
+            outcomes.append(exc.code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(racers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert outcomes.count("placed") == 4
+    assert outcomes.count("CAPACITY_CONSTRAINED") == racers - 4
+    reserved = sum(Reservation.objects.values_list("bytes", flat=True))
+    assert reserved <= 24 * GIB
+
+
+def test_the_api_places_and_refuses_with_the_envelope(operator_client):
+    gpu_node("rig", [(24, 20, 0)])
+    body = {"name": "api-srv", "profile": "test-echo-gpu", "model": "m1", "gpus": 1, "weights_bytes": 4 * GIB}
+    refusal = operator_client.post("/api/v1/servers", body, format="json")
+    assert refusal.status_code == 409
+    assert set(refusal.json()) == {"code", "message", "correlation_id"}
+    assert refusal.json()["code"] == "CAPACITY_CONSTRAINED"
+    assert "[rig]" in refusal.json()["message"]
+    body["weights_bytes"] = 2 * GIB  # 3.4 GiB fits in 4
+    created = operator_client.post("/api/v1/servers", body, format="json")
+    assert created.status_code == 201, created.content
+    detail = created.json()
+    assert detail["state"] == "starting" and detail["node_name"] == "rig" and detail["gpu_indexes"] == [0]
+    assert [e["to_state"] for e in detail["events"]] == ["starting", "placing"]
+    listed = operator_client.get("/api/v1/servers?state=starting&node=rig").json()
+    assert [s["name"] for s in listed["results"]] == ["api-srv"]
+    duplicate = operator_client.post("/api/v1/servers", body, format="json")
+    assert duplicate.status_code == 400 and "name" in duplicate.json()["message"]

@@ -1,0 +1,106 @@
+"""Runtime profiles: loaded from config/, validated strictly, every problem with its file and field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from apps.servers.profiles import CONFIG_NOT_MOUNTED, INVALID_MANIFEST, load_profiles
+from tests.fixtures import PYTHON, process_env, run_command
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def write(config: Path, name: str, text: str) -> None:
+    (config / "runtimes").mkdir(parents=True, exist_ok=True)
+    (config / "runtimes" / name).write_text(text)
+
+
+def test_the_shipped_profiles_are_valid():
+    profiles, problems = load_profiles(ROOT / "config")
+    assert problems == []
+    assert {"test-echo", "test-echo-gpu", "vllm", "llamacpp-gguf"} <= set(profiles)
+    assert profiles["llamacpp-gguf"].local_node_only is True
+    need, rule = profiles["vllm"].memory_need(14 * 2**30, 2)
+    assert need == int(1.3 * 7 * 2**30) + 2 * 2**30
+    assert rule == "1.3 x 7.0 GiB of weights per GPU + 2.0 GiB overhead"
+
+
+def test_every_problem_is_reported_with_file_and_field(tmp_path):
+    write(
+        tmp_path,
+        "broken.toml",
+        """
+name = "broken"
+engine = "tensorrt"
+accelerator = "tpu"
+colour = "blue"
+[memory]
+rule = "fixed"
+per_gpu_gib = -1
+[launch]
+command = "serve"
+args = ["--model", "{model_path}"]
+health_path = "health"
+""",
+    )
+    write(
+        tmp_path,
+        "gguf.toml",
+        """
+name = "gguf"
+engine = "llamacpp"
+accelerator = "cpu"
+local_node_only = false
+[memory]
+rule = "fixed"
+per_gpu_gib = 1
+[launch]
+command = "x"
+args = ["--port", "{port}"]
+""",
+    )
+    write(tmp_path, "bad.toml", "name = [unclosed")
+    profiles, problems = load_profiles(tmp_path)
+    assert profiles == {}
+    found = {(p.code, p.where.split("/")[-1]) for p in problems}
+    assert {
+        (INVALID_MANIFEST, "broken.toml: engine"),
+        (INVALID_MANIFEST, "broken.toml: accelerator"),
+        (INVALID_MANIFEST, "broken.toml: colour"),
+        (INVALID_MANIFEST, "broken.toml: memory.per_gpu_gib"),
+        (INVALID_MANIFEST, "broken.toml: launch.args"),
+        (INVALID_MANIFEST, "broken.toml: launch.health_path"),
+        (INVALID_MANIFEST, "gguf.toml: local_node_only"),
+        (INVALID_MANIFEST, "bad.toml"),
+    } <= found
+
+
+def test_a_missing_or_empty_config_directory_is_named_as_not_mounted(tmp_path):
+    for config in (tmp_path / "absent", tmp_path):
+        profiles, problems = load_profiles(config)
+        assert profiles == {}
+        assert [(p.code, p.where) for p in problems] == [(CONFIG_NOT_MOUNTED, str(config / "runtimes"))]
+        assert "not mounted or is empty" in problems[0].message
+
+
+@pytest.mark.stack
+def test_production_refuses_to_start_without_its_config(tmp_path):
+    env = process_env(
+        MODELFORGE_ENV="production",
+        MODELFORGE_CONFIG_DIR=str(tmp_path / "nowhere"),
+        MODELFORGE_SECRET_KEY="p" * 64,
+        MODELFORGE_OPERATOR_API_KEY="o" * 40,
+        MODELFORGE_CLUSTER_SECRET="c" * 32,
+        MODELFORGE_ALLOWED_HOSTS="modelforge.example.org",
+        MODELFORGE_DATABASE_URL="postgres://modelforge:Str0ng-and-long@127.0.0.1:1/modelforge",
+        MODELFORGE_REDIS_URL="redis://127.0.0.1:1/0",
+    )
+    finished = run_command([PYTHON, "manage.py", "check"], env)
+    assert finished.returncode == 3
+    assert "ModelForge refused to start: 1 configuration problem(s) must be resolved." in finished.stderr
+    assert (
+        f"- [CONFIG_NOT_MOUNTED] {tmp_path / 'nowhere' / 'runtimes'}: holds no runtime profile"
+        in finished.stderr
+    )
