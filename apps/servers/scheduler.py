@@ -211,7 +211,7 @@ def place(request: Request, now: datetime | None = None) -> ModelServer:
         by_name = {node.name for node in candidates}
         fitting: list[Verdict] = []
         with connection.cursor() as cursor:
-            params = {"nodes": list(by_id), "holding": list(HOLDING)}
+            params: dict[str, Any] = {"nodes": list(by_id), "holding": list(HOLDING)}
             cursor.execute(_LOCK_GPUS if gpus else _LOCK_NODES, params)
             cursor.execute(_GPU_HEADROOM if gpus else _NODE_HEADROOM, params)
             rows = cursor.fetchall()
@@ -251,7 +251,7 @@ def place(request: Request, now: datetime | None = None) -> ModelServer:
                 raise PlacementRefused(
                     codes.INSUFFICIENT_SHARED_MEMORY,
                     f"Every candidate's /dev/shm is smaller than the {gib(profile.shm_bytes)} profile "
-                    f"{profile.name} needs. The agent's container needs a larger /dev/shm "  # noqa: S108
+                    f"{profile.name} needs. The agent's container needs a larger /dev/shm "
                     "and must be recreated:",
                     409,
                     only,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from apps.nodes.tests.factories import GIB, beat, gpu_report, heartbeat_report, make_node
@@ -12,8 +13,8 @@ def gpu_node(
     name: str,
     gpus: list[tuple[int, int, int]],
     *,
-    models: list[str] = (),
-    shm_gib: int = 16,  # type: ignore[assignment]
+    models: Sequence[str] = (),
+    shm_gib: int = 16,
     **fields: Any,
 ):
     """A node that just reported ``gpus`` as (total GiB, used GiB, managed GiB) each."""
@@ -29,7 +30,7 @@ def gpu_node(
     return node
 
 
-def cpu_node(name: str, *, available_gib: int = 32, models: list[str] = (), **fields: Any):  # type: ignore[assignment]
+def cpu_node(name: str, *, available_gib: int = 32, models: Sequence[str] = (), **fields: Any):
     node, credential = make_node(name=name, accelerator="cpu", **fields)
     report = heartbeat_report(gpus=0)
     report["memory"] = {"total_bytes": 64 * GIB, "available_bytes": available_gib * GIB}

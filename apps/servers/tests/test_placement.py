@@ -21,6 +21,11 @@ from modelforge.errors import ApiError
 pytestmark = pytest.mark.django_db
 
 
+def placed_on(server: ModelServer) -> str:
+    assert server.node is not None
+    return server.node.name
+
+
 def refused(request: Request) -> PlacementRefused:
     with pytest.raises(PlacementRefused) as caught:
         place(request)
@@ -82,7 +87,7 @@ def test_a_disabled_or_stale_node_is_never_chosen(settings):
     gpu_node("disabled-but-empty", [(80, 0, 0)], enabled=False)
     gpu_node("busy", [(24, 10, 0)])
     server = place(gpu_request())
-    assert server.node.name == "busy"
+    assert placed_on(server) == "busy"
     with time_machine.travel(timezone.now() + timedelta(seconds=settings.NODE_STALE_AFTER + 1), tick=False):
         assert refused(gpu_request("later")).code == "NO_ELIGIBLE_NODE"
 
@@ -91,11 +96,11 @@ def test_locality_wins_then_spread_or_pack(settings):
     gpu_node("roomy", [(80, 0, 0)])
     gpu_node("has-model", [(24, 0, 0)], models=["m1"])
     gpu_node("snug", [(16, 0, 0)])
-    assert place(gpu_request("local", model="m1")).node.name == "has-model"
+    assert placed_on(place(gpu_request("local", model="m1"))) == "has-model"
     settings.PLACEMENT_STRATEGY = "spread"
-    assert place(gpu_request("spread", model="m2")).node.name == "roomy"
+    assert placed_on(place(gpu_request("spread", model="m2"))) == "roomy"
     settings.PLACEMENT_STRATEGY = "pack"
-    assert place(gpu_request("pack", model="m2")).node.name == "snug"
+    assert placed_on(place(gpu_request("pack", model="m2"))) == "snug"
 
 
 def test_multi_gpu_placement_takes_distinct_gpus_on_one_node():
@@ -129,7 +134,7 @@ def test_gguf_servers_are_local_node_only(settings):
         place(pinned)
     assert caught.value.code == "llamacpp_remote_unsupported"
     assert (
-        place(Request(name="g3", profile="llamacpp-gguf", model="gemma", weights_bytes=GIB)).node.name
+        placed_on(place(Request(name="g3", profile="llamacpp-gguf", model="gemma", weights_bytes=GIB)))
         == "local-cpu"
     )
 
@@ -140,14 +145,14 @@ def test_encrypted_weights_are_local_node_only(settings):
         place(gpu_request(encrypted=True))
     assert caught.value.code == "encrypted_weights_local_only"
     settings.LOCAL_NODE = "remote"
-    assert place(gpu_request("enc", encrypted=True)).node.name == "remote"
+    assert placed_on(place(gpu_request("enc", encrypted=True))) == "remote"
 
 
 def test_cpu_servers_are_placed_by_available_ram():
     cpu_node("tight", available_gib=0)
     cpu_node("free", available_gib=8)
     server = place(Request(name="echo", profile="test-echo", model="m"))
-    assert server.node.name == "free"
+    assert placed_on(server) == "free"
     assert Reservation.objects.get(server=server).gpu is None
 
 
