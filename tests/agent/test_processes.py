@@ -1,0 +1,74 @@
+"""Model-server processes the agent launches: a real process, real HTTP, stopped on request, and its
+GPU memory counted as managed (NVML replaced only at the pynvml boundary)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+from agent.accelerator import read_gpus
+from agent.processes import FAILED, RUNNING, STOPPED, ProcessManager
+from tests.agent.fakes import FakeGpu, fake_pynvml
+
+GIB = 2**30
+ECHO = {
+    "command": "{python}",
+    "args": ["-m", "agent.engines.echo", "--port", "{port}", "--model", "{model}"],
+    "health_path": "/health",
+    "values": {"model": "tiny"},
+    "model": "tiny",
+}
+
+
+def wait_for(predicate, seconds: float = 20) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_launched_server_runs_answers_is_managed_and_stops(tmp_path: Path):
+    manager = ProcessManager(tmp_path)
+    server = manager.launch({**ECHO, "server_id": "s1"})
+    try:
+        assert wait_for(lambda: server.state == RUNNING), list(server.output)
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/v1/models", timeout=5) as response:
+            assert json.loads(response.read())["data"][0]["id"] == "tiny"
+        assert manager.launch({**ECHO, "server_id": "s1"}) is server  # a retried launch starts nothing new
+        assert manager.pids() == {server.process.pid}
+
+        # NVML sees this process and another one on the GPU: only ours is ModelForge's.
+        nvml = fake_pynvml(
+            [
+                FakeGpu(
+                    total=48 * GIB,
+                    used=20 * GIB,
+                    compute=[(server.process.pid, 6 * GIB), (999_999, 14 * GIB)],
+                )
+            ]
+        )
+        (reading,) = read_gpus(nvml, manager.pids())
+        assert reading.memory_managed_bytes == 6 * GIB
+        assert reading.external_pressure_bytes == 14 * GIB
+    finally:
+        stopped = manager.stop("s1")
+    assert stopped is not None and stopped.state == STOPPED
+    assert server.process.poll() is not None
+    assert manager.pids() == frozenset()
+
+
+def test_a_server_that_exits_before_it_is_healthy_is_failed_with_its_output(tmp_path: Path):
+    manager = ProcessManager(tmp_path)
+    spec = {
+        **ECHO,
+        "server_id": "bad",
+        "args": ["-c", "print('no such engine'); raise SystemExit(4)", "{port}"],
+    }
+    server = manager.launch(spec)
+    assert wait_for(lambda: server.state == FAILED)
+    assert "exited with status 4 before it was healthy" in server.reason
+    assert "no such engine" in server.reason
