@@ -7,6 +7,7 @@ which check failed with the numbers.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -43,13 +44,25 @@ class Request:
 
 @dataclass
 class Verdict:
-    """One node's answer: whether it fits, and why (or why not), with the numbers."""
+    """One node's answer: whether it fits, and why (or why not), with the numbers.
+
+    The per-GPU numbers are formatted only when the verdict is shown: a decision over thousands of
+    GPUs must not spend its time writing sentences nobody reads.
+    """
 
     node: str
     fits: bool
-    reason: str
+    summary: str
     gpus: list[int] = field(default_factory=list)
     score: tuple[Any, ...] = ()
+    units: list[Unit] = field(default_factory=list)
+    shown: list[Unit] = field(default_factory=list)
+
+    @property
+    def reason(self) -> str:
+        if not self.shown:
+            return self.summary
+        return f"{self.summary}; " + "; ".join(unit.numbers() for unit in self.shown)
 
     def as_dict(self) -> dict[str, Any]:
         return {"node": self.node, "fits": self.fits, "reason": self.reason, "gpus": self.gpus}
@@ -89,37 +102,200 @@ def _ineligible_reason(node: Node, profile: RuntimeProfile, now: datetime) -> st
     return None
 
 
-_GPU_HEADROOM = f"""
-SELECT g.id, g.node_id, g."index", g.memory_total_bytes, g.memory_used_bytes, g.reported_at,
-       COALESCE((
-           SELECT SUM(r.bytes) FROM {Reservation._meta.db_table} r
-           JOIN {ModelServer._meta.db_table} s ON s.id = r.server_id
-           WHERE r.gpu_id = g.id AND s.state = ANY(%(holding)s)
-             AND NOT (s.state = 'running' AND g.reported_at > s.running_at)
-       ), 0) AS pending
-FROM {GPU._meta.db_table} g
-WHERE g.node_id = ANY(%(nodes)s)
-ORDER BY g.id
-"""  # noqa: S608 -- table names are ours
-
-_NODE_HEADROOM = f"""
-SELECT n.id, n.memory_available_bytes, n.last_heartbeat_at,
-       COALESCE((
-           SELECT SUM(r.bytes) FROM {Reservation._meta.db_table} r
-           JOIN {ModelServer._meta.db_table} s ON s.id = r.server_id
-           WHERE r.node_id = n.id AND r.gpu_id IS NULL AND s.state = ANY(%(holding)s)
-             AND NOT (s.state = 'running' AND n.last_heartbeat_at > s.running_at)
-       ), 0) AS pending
-FROM {Node._meta.db_table} n
-WHERE n.id = ANY(%(nodes)s)
-ORDER BY n.id
+# Headroom of every GPU (or cpu node's RAM) on nodes that may take work right now, in one statement:
+# eligibility is decided in SQL (enabled, online, heartbeat fresher than the stale limit, the right
+# accelerator), and reservations of servers not yet reflected in a heartbeat are summed once, joined.
+_PENDING = f"""
+SELECT r.gpu_id, r.node_id, SUM(r.bytes)::bigint AS pending
+FROM {Reservation._meta.db_table} r
+JOIN {ModelServer._meta.db_table} s ON s.id = r.server_id
+LEFT JOIN {GPU._meta.db_table} rg ON rg.id = r.gpu_id
+JOIN {Node._meta.db_table} rn ON rn.id = r.node_id
+WHERE s.state = ANY(%(holding)s)
+  AND NOT (s.state = 'running' AND COALESCE(rg.reported_at, rn.last_heartbeat_at) > s.running_at)
+GROUP BY r.gpu_id, r.node_id
 """  # noqa: S608
 
-# Locks first, in a statement of its own: under READ COMMITTED a statement's snapshot is taken when it
-# starts, so a headroom query that waited on these locks would still not see the reservations the
-# winner just committed. The next statement takes a fresh snapshot and does.
-_LOCK_GPUS = f"SELECT id FROM {GPU._meta.db_table} WHERE node_id = ANY(%(nodes)s) ORDER BY id FOR UPDATE"  # noqa: S608
-_LOCK_NODES = f"SELECT id FROM {Node._meta.db_table} WHERE id = ANY(%(nodes)s) ORDER BY id FOR UPDATE"  # noqa: S608
+# Eligible now: enabled, online, a heartbeat fresher than the stale limit, the right accelerator.
+_ELIGIBLE = """n.enabled AND n.liveness = 'online' AND n.last_heartbeat_at >= %(fresh_after)s
+  AND n.accelerator = %(accelerator)s AND (%(only)s::uuid[] IS NULL OR n.id = ANY(%(only)s::uuid[]))"""
+
+_GPU_HEADROOM = f"""
+WITH pending AS ({_PENDING})
+SELECT n.id, n.name, n.shm_total_bytes, n.models_present,
+       g.id, g."index", g.memory_total_bytes, g.memory_used_bytes, COALESCE(p.pending, 0)
+FROM {Node._meta.db_table} n
+JOIN {GPU._meta.db_table} g ON g.node_id = n.id
+LEFT JOIN pending p ON p.gpu_id = g.id
+WHERE {_ELIGIBLE}
+ORDER BY n.name, g."index"
+"""  # noqa: S608
+
+_RAM_HEADROOM = f"""
+WITH pending AS ({_PENDING})
+SELECT n.id, n.name, n.shm_total_bytes, n.models_present,
+       NULL, NULL, n.memory_available_bytes, 0, COALESCE(p.pending, 0)
+FROM {Node._meta.db_table} n
+LEFT JOIN pending p ON p.node_id = n.id AND p.gpu_id IS NULL
+WHERE {_ELIGIBLE}
+ORDER BY n.name
+"""  # noqa: S608
+
+
+# The ranking, in SQL, so a decision over thousands of GPUs returns a handful of rows: per eligible
+# node, how many units have the headroom needed and how much headroom the best k of them leave; nodes
+# that fit, ordered by locality, then spread (most left) or pack (least left).
+def _ranking(units_sql: str, single: bool) -> str:
+    # One unit wanted (the common case): a plain aggregate per node. Several: rank each node's fitting
+    # units (spread: most headroom first; pack: fullest first) and sum the best k.
+    if single:
+        per_node = """
+per_node AS (
+    SELECT node_id, count(*) AS fitting,
+           CASE WHEN %(spread)s THEN max(headroom) ELSE min(headroom) END - %(need)s::bigint AS left_over
+    FROM units WHERE headroom >= %(need)s::bigint GROUP BY node_id
+)"""
+    else:
+        per_node = """
+ranked AS (
+    SELECT node_id, headroom,
+           row_number() OVER (
+               PARTITION BY node_id
+               ORDER BY CASE WHEN %(spread)s THEN -headroom ELSE headroom END, unit_index
+           ) AS rk
+    FROM units WHERE headroom >= %(need)s::bigint
+),
+per_node AS (
+    SELECT node_id, count(*) AS fitting,
+           sum(headroom) FILTER (WHERE rk <= %(k)s::bigint) - %(need)s::bigint * %(k)s::bigint AS left_over
+    FROM ranked GROUP BY node_id
+)"""
+    return f"""
+WITH units AS ({units_sql}),{per_node}
+SELECT n.id
+FROM per_node pn JOIN {Node._meta.db_table} n ON n.id = pn.node_id
+WHERE pn.fitting >= %(k)s::bigint AND COALESCE(n.shm_total_bytes, 0) >= %(shm)s::bigint
+ORDER BY (n.models_present @> %(model)s::jsonb) DESC,
+         CASE WHEN %(spread)s THEN -pn.left_over ELSE pn.left_over END, n.name
+LIMIT %(limit)s
+"""  # noqa: S608
+
+
+_GPU_UNITS = f"""
+WITH pending AS ({_PENDING})
+SELECT n.id AS node_id, g."index" AS unit_index,
+       g.memory_total_bytes - g.memory_used_bytes - COALESCE(p.pending, 0) AS headroom
+FROM {Node._meta.db_table} n
+JOIN {GPU._meta.db_table} g ON g.node_id = n.id
+LEFT JOIN pending p ON p.gpu_id = g.id
+WHERE {_ELIGIBLE}
+"""  # noqa: S608
+_RAM_UNITS = f"""
+WITH pending AS ({_PENDING})
+SELECT n.id AS node_id, 0 AS unit_index,
+       COALESCE(n.memory_available_bytes, 0) - COALESCE(p.pending, 0) AS headroom
+FROM {Node._meta.db_table} n
+LEFT JOIN pending p ON p.node_id = n.id AND p.gpu_id IS NULL
+WHERE {_ELIGIBLE}
+"""  # noqa: S608
+_RANK_ONE_GPU = _ranking(_GPU_UNITS, single=True)
+_RANK_GPUS = _ranking(_GPU_UNITS, single=False)
+_RANK_RAM = _ranking(_RAM_UNITS, single=True)
+
+# Only the chosen node's rows are locked, in a statement of its own: under READ COMMITTED a statement's
+# snapshot is taken when it starts, so the headroom is re-read in the next statement, which sees every
+# reservation committed by whoever held the lock before.
+_LOCK_GPUS = f'SELECT id FROM {GPU._meta.db_table} WHERE node_id = %(node)s ORDER BY "index" FOR UPDATE'  # noqa: S608
+_LOCK_NODE = f"SELECT id FROM {Node._meta.db_table} WHERE id = %(node)s FOR UPDATE"  # noqa: S608
+
+# How many runner-up nodes a placed server keeps in its explanation (a refusal keeps every node).
+EXPLAIN_RUNNERS_UP = 10
+
+
+@dataclass
+class Unit:
+    """One GPU of a candidate node (or, for cpu work, the node's RAM) and its headroom."""
+
+    gpu_id: Any
+    index: int | None
+    total: int
+    used: int
+    pending: int
+
+    @property
+    def headroom(self) -> int:
+        return self.total - self.used - self.pending
+
+    def numbers(self) -> str:
+        if self.index is None:
+            return f"RAM {gib(self.total)} available - {gib(self.pending)} reserved = {gib(self.headroom)}"
+        return (
+            f"GPU {self.index}: {gib(self.total)} total - {gib(self.used)} used - "
+            f"{gib(self.pending)} reserved = {gib(self.headroom)}"
+        )
+
+
+@dataclass
+class Candidate:
+    node_id: Any
+    name: str
+    shm_bytes: int
+    local: bool
+    units: list[Unit]
+
+
+def _candidates(
+    cursor: Any, profile: RuntimeProfile, model: str, gpus: int, now: datetime, only: list[Any] | None
+) -> list[Candidate]:
+    cursor.execute(
+        _GPU_HEADROOM if gpus else _RAM_HEADROOM,
+        {
+            "holding": list(HOLDING),
+            "fresh_after": now - timedelta(seconds=settings.NODE_STALE_AFTER),
+            "accelerator": profile.accelerator,
+            "only": only,
+        },
+    )
+    found: dict[Any, Candidate] = {}
+    for node_id, name, shm, models, gpu_id, index, total, used, pending in cursor.fetchall():
+        candidate = found.get(node_id)
+        if candidate is None:
+            # Django's backend hands jsonb to raw cursors as text (the ORM parses it itself).
+            present = json.loads(models) if isinstance(models, str) else (models or [])
+            local = any(isinstance(m, dict) and m.get("name") == model for m in present)
+            candidate = found[node_id] = Candidate(node_id, name, shm or 0, local, [])
+        candidate.units.append(Unit(gpu_id, index, total or 0, used or 0, int(pending)))
+    return list(found.values())
+
+
+def _judge(candidate: Candidate, profile: RuntimeProfile, gpus: int, need: int, rule: str) -> Verdict:
+    """Does ``need`` fit ``gpus`` times on this node? The verdict carries the numbers either way."""
+    if profile.shm_bytes and candidate.shm_bytes < profile.shm_bytes:
+        return Verdict(
+            candidate.name,
+            False,
+            f"{codes.INSUFFICIENT_SHARED_MEMORY}: /dev/shm is {gib(candidate.shm_bytes)}, the profile needs "
+            f"{gib(profile.shm_bytes)}; the agent's container needs a larger /dev/shm "
+            "and must be recreated",
+        )
+    wanted = max(gpus, 1)
+    fits = [u for u in candidate.units if u.headroom >= need]
+    if len(fits) < wanted:
+        if gpus:
+            what = f"{len(fits)} of {len(candidate.units)} GPU(s) have {gib(need)} free, {gpus} needed"
+        else:
+            what = f"{gib(need)} needed"
+        return Verdict(candidate.name, False, f"{what} ({rule})", shown=candidate.units)
+    spread = settings.PLACEMENT_STRATEGY == "spread"
+    # spread: the units with the most headroom; pack: the fullest units that still fit.
+    fits.sort(key=lambda u: (-u.headroom, u.index or 0) if spread else (u.headroom, u.index or 0))
+    chosen = fits[:wanted]
+    left = sum(u.headroom for u in chosen) - need * wanted
+    score = (0 if candidate.local else 1, -left if spread else left, candidate.name)
+    where = f"GPU(s) {', '.join(str(u.index) for u in chosen)}" if gpus else "RAM"
+    summary = f"fits on {where}" + (" (model already on this node)" if candidate.local else "")
+    gpu_indexes = [u.index for u in chosen if u.index is not None]
+    return Verdict(candidate.name, True, summary, gpu_indexes, score, chosen, shown=candidate.units)
 
 
 def place(request: Request, now: datetime | None = None) -> ModelServer:
@@ -127,16 +303,18 @@ def place(request: Request, now: datetime | None = None) -> ModelServer:
 
     1. The profile exists; the GPU count suits its accelerator; local-node-only work (GGUF servers,
        encrypted weights) may only go to the local node.
-    2. Candidates: online, enabled nodes with a fresh heartbeat and the right accelerator. None:
-       ``503 NO_ELIGIBLE_NODE``, each node's reason listed.
-    3. In one transaction, lock the candidates' GPU rows (or node rows for cpu work) and read each
-       GPU's headroom = total - used (which includes external pressure) - reservations of servers
-       placed but not yet reflected in a heartbeat. Concurrent placements queue on these locks, so
-       they can never overcommit a GPU.
-    4. Per node: /dev/shm, then the GPUs that fit. None fits: ``409 CAPACITY_CONSTRAINED`` (a correct
-       outcome, not a failure), with every node's numbers.
-    5. Prefer nodes that already hold the model (locality), then spread (most headroom left) or pack
-       (least), as MODELFORGE_PLACEMENT_STRATEGY says; reserve, record, and start on commit.
+    2. One statement reads the headroom of every GPU (or cpu node's RAM) on eligible nodes: enabled,
+       online, a heartbeat fresher than the stale limit (a reading it does not have is not a reading it
+       can guess), the right accelerator. Headroom = total - used (which includes external pressure) -
+       reservations of servers placed but not yet reflected in a heartbeat.
+    3. Per node: /dev/shm, then the GPUs that fit. Prefer nodes that already hold the model
+       (locality), then spread (most headroom left) or pack (least), per MODELFORGE_PLACEMENT_STRATEGY.
+    4. Lock the chosen node's rows, re-read its headroom in a fresh statement and re-check: a
+       concurrent placement that got there first makes it move on to the next best node, so GPUs are
+       never overcommitted. Reserve, record, and start on commit.
+    5. Nothing fits: ``503 NO_ELIGIBLE_NODE`` when no node is eligible, ``409 CAPACITY_CONSTRAINED``
+       (a correct outcome, not a failure) or ``409 insufficient_shared_memory`` otherwise, each with
+       every node's reason and numbers.
     """
     now = now or timezone.now()
     profile = _profile(request.profile)
@@ -145,201 +323,171 @@ def place(request: Request, now: datetime | None = None) -> ModelServer:
         raise ApiError("VALIDATION_ERROR", f"Profile {profile.name} runs on the CPU; ask for 0 GPUs.", 400)
     if profile.accelerator == "nvidia" and gpus < 1:
         raise ApiError("VALIDATION_ERROR", f"Profile {profile.name} needs at least 1 GPU.", 400)
-    need, rule = profile.memory_need(request.weights_bytes, gpus)
     if profile.memory_rule == "weights_factor" and not request.weights_bytes:
         raise ApiError(
             "VALIDATION_ERROR",
             f"Profile {profile.name} sizes memory from the weights; give weights_bytes.",
             400,
         )
+    need, rule = profile.memory_need(request.weights_bytes, gpus)
+    _apply_local_only(request, profile)
 
-    local_only_key = None
-    if profile.local_node_only:
-        local_only_key = codes.LLAMACPP_REMOTE_UNSUPPORTED
-    elif request.encrypted:
-        local_only_key = codes.ENCRYPTED_WEIGHTS_LOCAL_ONLY
-    if local_only_key:
-        why = (
-            "GGUF servers are local-node only. Deploy locally."
-            if profile.local_node_only
-            else ("Encrypted weights are local-node only. Deploy locally.")
-        )
-        if not settings.LOCAL_NODE:
-            raise ApiError(local_only_key, f"{why} No local node is configured (MODELFORGE_LOCAL_NODE).", 409)
-        if request.node and request.node != settings.LOCAL_NODE:
-            raise ApiError(
-                local_only_key, f"{why} {request.node} is not the local node ({settings.LOCAL_NODE}).", 409
-            )
-        request.node = settings.LOCAL_NODE
-
-    nodes = list(
-        Node.objects.order_by("name").only(
-            "id",
-            "name",
-            "enabled",
-            "liveness",
-            "last_heartbeat_at",
-            "accelerator",
-            "shm_total_bytes",
-            "models_present",
-        )
-    )
+    only = None
     if request.node:
-        nodes = [n for n in nodes if n.name == request.node]
-        if not nodes:
+        pinned = Node.objects.filter(name=request.node).values_list("pk", flat=True).first()
+        if pinned is None:
             raise ApiError("VALIDATION_ERROR", f"No node is named {request.node!r}.", 400)
-    verdicts: list[Verdict] = []
-    candidates: list[Node] = []
-    for node in nodes:
-        reason = _ineligible_reason(node, profile, now)
-        if reason:
-            verdicts.append(Verdict(node.name, False, reason))
-        else:
-            candidates.append(node)
-    if not candidates:
+        only = [pinned]
+
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            # 1. The best few nodes, ranked in SQL; then their details, for the choice and the explanation.
+            cursor.execute(
+                _RANK_RAM if not gpus else _RANK_ONE_GPU if gpus == 1 else _RANK_GPUS,
+                {
+                    "holding": list(HOLDING),
+                    "fresh_after": now - timedelta(seconds=settings.NODE_STALE_AFTER),
+                    "accelerator": profile.accelerator,
+                    "only": only,
+                    "spread": settings.PLACEMENT_STRATEGY == "spread",
+                    "need": need,
+                    "k": max(gpus, 1),
+                    "shm": profile.shm_bytes,
+                    "model": json.dumps([{"name": request.model}]),
+                    "limit": EXPLAIN_RUNNERS_UP + 1,
+                },
+            )
+            best = [row[0] for row in cursor.fetchall()]
+            candidates = _candidates(cursor, profile, request.model, gpus, now, best) if best else []
+            verdicts = [_judge(c, profile, gpus, need, rule) for c in candidates]
+            for verdict in sorted((v for v in verdicts if v.fits), key=lambda v: v.score):
+                candidate = next(c for c in candidates if c.name == verdict.node)
+                cursor.execute(_LOCK_GPUS if gpus else _LOCK_NODE, {"node": candidate.node_id})
+                fresh = _candidates(cursor, profile, request.model, gpus, now, [candidate.node_id])
+                recheck = _judge(fresh[0], profile, gpus, need, rule) if fresh else None
+                if recheck is not None and recheck.fits:
+                    return _record(request, profile, gpus, need, rule, fresh[0], recheck, verdicts)
+                # Someone placed here meanwhile (or the node left); its fresh numbers explain why.
+                verdicts[verdicts.index(verdict)] = recheck or Verdict(
+                    verdict.node, False, "no longer eligible"
+                )
+            # 2. Nothing fits (or every fit was taken meanwhile): judge every eligible node for the refusal.
+            candidates = _candidates(cursor, profile, request.model, gpus, now, only)
+            verdicts = [_judge(c, profile, gpus, need, rule) for c in candidates]
+        _refuse(request, profile, gpus, need, rule, verdicts, now)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _apply_local_only(request: Request, profile: RuntimeProfile) -> None:
+    """GGUF servers and encrypted weights run on the local node only, refused by their keys otherwise."""
+    if profile.local_node_only:
+        key, why = codes.LLAMACPP_REMOTE_UNSUPPORTED, "GGUF servers are local-node only. Deploy locally."
+    elif request.encrypted:
+        key, why = (
+            codes.ENCRYPTED_WEIGHTS_LOCAL_ONLY,
+            "Encrypted weights are local-node only. Deploy locally.",
+        )
+    else:
+        return
+    if not settings.LOCAL_NODE:
+        raise ApiError(key, f"{why} No local node is configured (MODELFORGE_LOCAL_NODE).", 409)
+    if request.node and request.node != settings.LOCAL_NODE:
+        raise ApiError(key, f"{why} {request.node} is not the local node ({settings.LOCAL_NODE}).", 409)
+    request.node = settings.LOCAL_NODE
+
+
+def _record(
+    request: Request,
+    profile: RuntimeProfile,
+    gpus: int,
+    need: int,
+    rule: str,
+    candidate: Candidate,
+    verdict: Verdict,
+    verdicts: list[Verdict],
+) -> ModelServer:
+    others = sorted((v for v in verdicts if v.node != verdict.node), key=lambda v: (not v.fits, v.score))
+    explanation = [verdict.as_dict()] + [v.as_dict() for v in others[:EXPLAIN_RUNNERS_UP]]
+    if len(others) > EXPLAIN_RUNNERS_UP:
+        explanation.append(
+            {
+                "node": f"{len(others) - EXPLAIN_RUNNERS_UP} more",
+                "fits": None,
+                "reason": "not shown",
+                "gpus": [],
+            }
+        )
+    server = ModelServer.objects.create(
+        name=request.name,
+        profile=profile.name,
+        model=request.model,
+        weights_bytes=request.weights_bytes,
+        gpus_wanted=gpus,
+        encrypted=request.encrypted,
+        node_id=candidate.node_id,
+        memory_per_unit_bytes=need,
+        memory_rule=rule,
+        placement_explanation=explanation,
+    )
+    server.transition(ServerState.PLACING, detail=f"placing on {candidate.name}: {verdict.reason}"[:500])
+    Reservation.objects.bulk_create(
+        [
+            Reservation(server=server, node_id=candidate.node_id, gpu_id=unit.gpu_id, bytes=need)
+            for unit in verdict.units
+        ]
+    )
+    server.transition(
+        ServerState.STARTING, detail=f"reserved {gib(need)} x {max(gpus, 1)} on {candidate.name}"
+    )
+    from apps.servers.tasks import start_server
+
+    transaction.on_commit(lambda: start_server.delay(str(server.pk)))
+    return server
+
+
+def _refuse(
+    request: Request,
+    profile: RuntimeProfile,
+    gpus: int,
+    need: int,
+    rule: str,
+    verdicts: list[Verdict],
+    now: datetime,
+) -> None:
+    """Explain, node by node, why nothing fits; ineligible nodes are read only on this path."""
+    judged = {v.node for v in verdicts}
+    nodes = Node.objects.order_by("name")
+    if request.node:
+        nodes = nodes.filter(name=request.node)
+    for node in nodes.only("name", "enabled", "liveness", "last_heartbeat_at", "accelerator"):
+        if node.name not in judged:
+            verdicts.append(
+                Verdict(node.name, False, _ineligible_reason(node, profile, now) or "not eligible")
+            )
+    verdicts.sort(key=lambda v: v.node)
+    if not judged:
         raise PlacementRefused(
             codes.NO_ELIGIBLE_NODE,
             f"No online, enabled node with a fresh heartbeat and the {profile.accelerator} accelerator"
             + (f" (asked for node {request.node})" if request.node else "")
-            + ("; no node is enrolled." if not nodes else ":"),
+            + ("; no node is enrolled." if not verdicts else ":"),
             503,
             verdicts,
         )
-
-    with transaction.atomic():
-        by_id = {node.pk: node for node in candidates}
-        by_name = {node.name for node in candidates}
-        fitting: list[Verdict] = []
-        with connection.cursor() as cursor:
-            params: dict[str, Any] = {"nodes": list(by_id), "holding": list(HOLDING)}
-            cursor.execute(_LOCK_GPUS if gpus else _LOCK_NODES, params)
-            cursor.execute(_GPU_HEADROOM if gpus else _NODE_HEADROOM, params)
-            rows = cursor.fetchall()
-        if gpus:
-            per_node: dict[Any, list[tuple[Any, ...]]] = {}
-            for row in rows:
-                per_node.setdefault(row[1], []).append(row)
-        choices: dict[str, list[tuple[Any, int]]] = {}
-        for node in candidates:
-            if profile.shm_bytes and (node.shm_total_bytes or 0) < profile.shm_bytes:
-                verdicts.append(
-                    Verdict(
-                        node.name,
-                        False,
-                        f"{codes.INSUFFICIENT_SHARED_MEMORY}: /dev/shm is {gib(node.shm_total_bytes or 0)}, "
-                        f"the profile needs {gib(profile.shm_bytes)}; the agent's container needs a larger "
-                        "/dev/shm and must be recreated",  # noqa: S108 -- a message, not a path we use
-                    )
-                )
-                continue
-            local = any(m.get("name") == request.model for m in node.models_present or [])
-            if gpus:
-                verdict, chosen = _fit_gpus(node, per_node.get(node.pk, []), gpus, need, rule, now, local)
-            else:
-                row = next(r for r in rows if r[0] == node.pk)
-                verdict, chosen = _fit_ram(node, row, need, rule, local)
-            verdicts.append(verdict)
-            if verdict.fits:
-                fitting.append(verdict)
-                choices[node.name] = chosen
-        if not fitting:
-            only = [v for v in verdicts if v.node in {n.name for n in nodes}]
-            shm_only = all(
-                v.reason.startswith(codes.INSUFFICIENT_SHARED_MEMORY) for v in verdicts if v.node in by_name
-            )
-            if shm_only:
-                raise PlacementRefused(
-                    codes.INSUFFICIENT_SHARED_MEMORY,
-                    f"Every candidate's /dev/shm is smaller than the {gib(profile.shm_bytes)} profile "
-                    f"{profile.name} needs. The agent's container needs a larger /dev/shm "
-                    "and must be recreated:",
-                    409,
-                    only,
-                )
-            raise PlacementRefused(
-                codes.CAPACITY_CONSTRAINED,
-                f"No node has room for {request.name}: {gpus or 'no'} GPU(s) x {gib(need)} ({rule}). This is "
-                "the scheduler refusing rather than risking an out-of-memory failure, not an error:",
-                409,
-                only,
-            )
-        best = min(fitting, key=lambda v: v.score)
-        node = next(n for n in candidates if n.name == best.node)
-        server = ModelServer.objects.create(
-            name=request.name,
-            profile=profile.name,
-            model=request.model,
-            weights_bytes=request.weights_bytes,
-            gpus_wanted=gpus,
-            encrypted=request.encrypted,
-            node=node,
-            memory_per_unit_bytes=need,
-            memory_rule=rule,
-            placement_explanation=[v.as_dict() for v in verdicts],
+    eligible = [v for v in verdicts if v.node in judged]
+    if all(v.reason.startswith(codes.INSUFFICIENT_SHARED_MEMORY) for v in eligible):
+        raise PlacementRefused(
+            codes.INSUFFICIENT_SHARED_MEMORY,
+            f"Every candidate's /dev/shm is smaller than the {gib(profile.shm_bytes)} profile {profile.name} "
+            "needs. The agent's container needs a larger /dev/shm "
+            "and must be recreated:",
+            409,
+            verdicts,
         )
-        server.transition(ServerState.PLACING, detail=f"placing on {node.name}: {best.reason}")
-        Reservation.objects.bulk_create(
-            [
-                Reservation(server=server, node=node, gpu_id=gpu_id, bytes=amount)
-                for gpu_id, amount in choices[node.name]
-            ]
-        )
-        server.transition(
-            ServerState.STARTING, detail=f"reserved {gib(need)} x {max(gpus, 1)} on {node.name}"
-        )
-        from apps.servers.tasks import start_server
-
-        transaction.on_commit(lambda: start_server.delay(str(server.pk)))
-    return server
-
-
-def _fit_gpus(
-    node: Node, rows: list[tuple[Any, ...]], gpus: int, need: int, rule: str, now: datetime, local: bool
-) -> tuple[Verdict, list[tuple[Any, int]]]:
-    stale_limit = now - timedelta(seconds=settings.NODE_STALE_AFTER)
-    parts, fits = [], []
-    for gpu_id, _, index, total, used, reported_at, pending in rows:
-        if reported_at < stale_limit:
-            parts.append(f"GPU {index}: stale reading")
-            continue
-        headroom = total - used - pending
-        numbers = f"{gib(total)} total - {gib(used)} used - {gib(pending)} reserved = {gib(headroom)}"
-        parts.append(f"GPU {index}: {numbers}")
-        if headroom >= need:
-            fits.append((headroom, index, gpu_id))
-    if len(fits) < gpus:
-        reason = (
-            f"{len(fits)} of {len(rows)} GPU(s) have {gib(need)} free, {gpus} needed ({rule}); "
-            + "; ".join(parts)
-        )
-        return Verdict(node.name, False, reason), []
-    strategy = settings.PLACEMENT_STRATEGY
-    # spread: the GPUs with the most headroom; pack: the fullest GPUs that still fit.
-    fits.sort(key=lambda f: (-f[0], f[1]) if strategy == "spread" else (f[0], f[1]))
-    chosen = fits[:gpus]
-    left = sum(h for h, _, _ in chosen) - need * gpus
-    score = (0 if local else 1, -left if strategy == "spread" else left, node.name)
-    reason = (
-        f"fits on GPU(s) {', '.join(str(i) for _, i, _ in chosen)}"
-        + (" (model already on this node)" if local else "")
-        + "; "
-        + "; ".join(parts)
+    raise PlacementRefused(
+        codes.CAPACITY_CONSTRAINED,
+        f"No node has room for {request.name}: {gpus or 'no'} GPU(s) x {gib(need)} ({rule}). This is the "
+        "scheduler refusing rather than risking an out-of-memory failure, not an error:",
+        409,
+        verdicts,
     )
-    return Verdict(node.name, True, reason, [i for _, i, _ in chosen], score), [
-        (g, need) for _, _, g in chosen
-    ]
-
-
-def _fit_ram(
-    node: Node, row: tuple[Any, ...], need: int, rule: str, local: bool
-) -> tuple[Verdict, list[tuple[Any, int]]]:
-    _, available, _, pending = row
-    headroom = (available or 0) - pending
-    numbers = f"RAM {gib(available or 0)} available - {gib(pending)} reserved = {gib(headroom)}"
-    if headroom < need:
-        return Verdict(node.name, False, f"{numbers}, {gib(need)} needed ({rule})"), []
-    strategy = settings.PLACEMENT_STRATEGY
-    left = headroom - need
-    score = (0 if local else 1, -left if strategy == "spread" else left, node.name)
-    reason = f"fits: {numbers}" + (" (model already on this node)" if local else "")
-    return Verdict(node.name, True, reason, [], score), [(None, need)]
