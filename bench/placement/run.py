@@ -104,9 +104,8 @@ def main() -> int:
                 f"  {wanted}-GPU server   median {statistics.median(timings):6.1f} ms   "
                 f"p95 {timings[int(len(timings) * 0.95) - 1]:6.1f} ms"
             )
-        print(
-            f"  queries per decision: {query_counts[10]} at 10 nodes, {query_counts[args.nodes]} at {args.nodes}"
-        )
+        counts = f"{query_counts[10]} at 10 nodes, {query_counts[args.nodes]} at {args.nodes}"
+        print(f"  queries per decision: {counts}")
     return 0
 
 
