@@ -67,6 +67,10 @@ class ProcessManager:
         with self._lock:
             return frozenset(s.process.pid for s in self._servers.values() if s.process.poll() is None)
 
+    def all(self) -> list[ManagedServer]:
+        with self._lock:
+            return list(self._servers.values())
+
     def get(self, server_id: str) -> ManagedServer | None:
         with self._lock:
             return self._servers.get(server_id)

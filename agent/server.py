@@ -121,6 +121,11 @@ def launch_server(context: AgentContext, body: bytes) -> dict[str, Any]:
         raise ApiError(409, "LAUNCH_FAILED", f"cannot start {spec['command']!r}: {exc.strerror}") from None
 
 
+def list_servers(context: AgentContext, body: bytes) -> dict[str, Any]:
+    """Every server this agent launched since it started, so the control plane can reconcile its books."""
+    return {"servers": [managed.as_payload() for managed in _manager(context).all()]}
+
+
 def server_status(context: AgentContext, body: bytes) -> dict[str, Any]:
     server_id = str(_json_object(body, '{"server_id"}').get("server_id"))
     managed = _manager(context).get(server_id)
@@ -141,7 +146,7 @@ Handler = Callable[[AgentContext, bytes], dict[str, Any]]
 ROUTES: dict[str, dict[str, Handler]] = {
     "/v1/ping": {"GET": ping},
     "/v1/presence": {"POST": presence},
-    "/v1/servers": {"POST": launch_server},
+    "/v1/servers": {"POST": launch_server, "GET": list_servers},
     "/v1/servers/status": {"POST": server_status},
     "/v1/servers/stop": {"POST": stop_server},
 }

@@ -11,8 +11,10 @@ PostgreSQL and Redis come from PyPI wheels (``modelforge.embedded``) unless ``MO
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -105,6 +107,11 @@ def run() -> int:
         env["MODELFORGE_OPERATOR_API_KEY"] = _secret_file(home / "secrets" / "operator-api-key", 32)
     if not (env.get("MODELFORGE_CLUSTER_SECRET") or env.get("MODELFORGE_CLUSTER_SECRET_FILE")):
         env["MODELFORGE_CLUSTER_SECRET"] = _secret_file(home / "secrets" / "cluster-secret", 32)
+    # The local node (co-located with the control plane) runs the local agent; local-node-only servers
+    # (GGUF, encrypted weights) may run there and nowhere else.
+    local_name = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:63].strip("-.") or "local"
+    env.setdefault("MODELFORGE_AGENT_NAME", local_name)
+    env.setdefault("MODELFORGE_LOCAL_NODE", env["MODELFORGE_AGENT_NAME"])
 
     say(f"data folder {home}")
     try:
@@ -186,6 +193,12 @@ def _local_agent_env(base: dict[str, str], home: Path, url: str) -> dict[str, st
     minted here, its identity kept under MODELFORGE_HOME/agent like any agent's state volume."""
     env = dict(base)
     volume = home / "agent" / "volume"
+    # A model the test-echo profile can serve, so a server can be placed from the dashboard at once
+    # ("Model servers" -> "Place a server": profile test-echo, model echo-demo).
+    demo = volume / "models" / "echo-demo"
+    if not demo.exists():
+        demo.mkdir(parents=True)
+        (demo / "config.json").write_text('{"engine": "agent.engines.echo"}\n')
     if not (volume / "identity.json").exists():
         minted = subprocess.run(
             [PYTHON, "manage.py", "mint_enrollment_token", "--note", "local node (make run)"],

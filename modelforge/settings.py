@@ -252,6 +252,7 @@ CELERY_BEAT_SCHEDULE = {
     "record-worker-seen": {"task": "core.record_worker_seen", "schedule": 60.0},
     "sweep-node-liveness": {"task": "nodes.sweep_liveness", "schedule": float(LIVENESS_SWEEP_INTERVAL)},
     "ping-online-nodes": {"task": "nodes.ping_online_nodes", "schedule": 60.0},
+    "reconcile-servers": {"task": "servers.reconcile", "schedule": 30.0},
 }
 
 # --- Logging --------------------------------------------------------------------------------------------

@@ -75,6 +75,26 @@ def test_the_embedded_platform_starts_serves_and_stops_cleanly(tmp_path):
         with urllib.request.urlopen(nodes_request, timeout=5) as response:
             local = json.loads(response.read())["results"][0]
         assert local["memory_total_bytes"] > 0 and local["assignable"] is True
+
+        # A model server can be started at once: the test-echo profile on the demo model of the local node.
+        place = urllib.request.Request(
+            base + "/api/v1/servers",
+            method="POST",
+            data=json.dumps({"name": "demo", "profile": "test-echo", "model": "echo-demo"}).encode(),
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(place, timeout=10) as response:
+            server = json.loads(response.read())
+        assert server["node_name"] == local["name"]
+        server_request = urllib.request.Request(
+            base + f"/api/v1/servers/{server['id']}", headers={"Authorization": f"Bearer {key}"}
+        )
+
+        def demo_running() -> bool:
+            with urllib.request.urlopen(server_request, timeout=5) as response:
+                return json.loads(response.read())["state"] == "running"
+
+        assert wait_until(demo_running, 60, interval=1), running.log()[-4000:]
     finally:
         code = interrupt(running)
     assert_stopped_cleanly(code, running.log(), home, base)

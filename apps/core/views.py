@@ -37,6 +37,7 @@ def home(request: HttpRequest) -> HttpResponse:
 
     from apps.alerts.models import Alert
     from apps.nodes.models import Node
+    from apps.servers.models import ModelServer
 
     # The overview is the top of the dashboard: it may read every domain's summary.
     liveness = dict(Node.objects.values_list("liveness").annotate(n=Count("pk")).values_list("liveness", "n"))
@@ -46,5 +47,8 @@ def home(request: HttpRequest) -> HttpResponse:
         "liveness": liveness,
         "assignable": Node.objects.assignable().count(),
         "open_alerts": Alert.objects.open().values("severity").annotate(n=Count("pk")).order_by("severity"),
+        "servers": dict(
+            ModelServer.objects.values_list("state").annotate(n=Count("pk")).values_list("state", "n")
+        ),
     }
     return render(request, "core/home.html", context)

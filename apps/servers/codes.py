@@ -14,3 +14,4 @@ ENCRYPTED_WEIGHTS_LOCAL_ONLY = "encrypted_weights_local_only"
 # A server whose node went offline is marked so in the books.
 NODE_OFFLINE = "NODE_OFFLINE"
 LAUNCH_FAILED = "LAUNCH_FAILED"
+PROCESS_LOST = "PROCESS_LOST"

@@ -15,6 +15,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from apps.nodes import agent_client
+from apps.nodes.models import Node
 from apps.nodes.signals import nodes_went_offline
 from apps.servers import codes
 from apps.servers.choices import ServerState
@@ -115,6 +116,33 @@ def stop_on_agent(server: ModelServer) -> dict[str, Any]:
     except ApiError as exc:
         return {"ok": False, "code": exc.code, "message": exc.message}
     return {"ok": reply.status in (200, 404), "status": reply.status}
+
+
+def reconcile_node(node: Node) -> int:
+    """Compare the books with what the node's agent actually runs; fail servers it no longer runs.
+
+    An agent that restarted (its servers stop with it) or a process that died while running must not
+    stay ``running`` in the books. Returns how many servers were failed.
+    """
+    books = list(ModelServer.objects.filter(node=node, state=ServerState.RUNNING))
+    if not books:
+        return 0
+    try:
+        reply = agent_client.call_agent(node, "GET", "/v1/servers")
+    except ApiError:
+        return 0  # unreachable: liveness (and the sweep) decide, not one failed call
+    running = {str(s.get("server_id")): s for s in reply.body.get("servers", []) if isinstance(s, dict)}
+    failed = 0
+    for server in books:
+        seen = running.get(str(server.pk))
+        if seen is not None and seen.get("state") == "running":
+            continue
+        reason = (seen or {}).get("reason") or (
+            "the node's agent does not run this server any more (the agent restarted, or the process is gone)"
+        )
+        server.fail(codes.PROCESS_LOST, f"{reason}; place it again")
+        failed += 1
+    return failed
 
 
 _MARK_OFFLINE = f"""

@@ -49,3 +49,12 @@ def stop_server(server_id: str) -> str:
     else:
         server.fail(result.get("code", "STOP_FAILED"), result.get("message", "the agent could not stop it"))
     return server.state
+
+
+@shared_task(name="servers.reconcile")
+def reconcile() -> int:
+    """Every assignable node with running servers: does its agent still run them?"""
+    from apps.nodes.models import Node
+
+    nodes = Node.objects.assignable().filter(servers__state=ServerState.RUNNING).distinct()
+    return sum(lifecycle.reconcile_node(node) for node in nodes)

@@ -47,6 +47,7 @@ def agent_node(live_web, tmp_path):
         MODELFORGE_AGENT_NAME="worker-node",
     )
     agent = start_process([PYTHON, "-m", "agent"], env, tmp_path / "agent.log")
+    agent.env = {k: v for k, v in env.items() if k != "MODELFORGE_AGENT_ENROLLMENT_TOKEN"}  # type: ignore[attr-defined]
     assert wait_until(lambda: Node.objects.filter(name="worker-node", liveness="online").exists(), 30), (
         agent.log()
     )
@@ -114,3 +115,30 @@ def test_servers_of_a_node_that_goes_offline_are_failed_in_the_books(
     assert server.state == "failed" and server.failure_code == "NODE_OFFLINE"
     assert server.events.filter(to_state="failed").exists()
     assert not server.reservations.exists()
+
+
+def test_a_server_its_agent_no_longer_runs_is_failed_not_kept_running(
+    celery_worker_process, agent_node, operator_client, tmp_path
+):
+    from apps.servers.tasks import reconcile
+
+    operator_client.post(
+        "/api/v1/servers", {"name": "echo-4", "profile": "test-echo", "model": "tiny-model"}, format="json"
+    )
+    assert wait_until(lambda: state_of("echo-4") == "running", 60), celery_worker_process.log()[-3000:]
+    assert reconcile() == 0  # the agent runs it: nothing to change
+
+    # The agent restarts (its servers stop with it) and comes back with the same identity.
+    os.killpg(agent_node.process.pid, signal.SIGTERM)
+    agent_node.process.wait(20)
+    restarted = start_process([PYTHON, "-m", "agent"], agent_node.env, tmp_path / "agent-again.log")
+    try:
+        node = Node.objects.get(name="worker-node")
+        before = node.last_heartbeat_at
+        assert wait_until(lambda: Node.objects.get(name="worker-node").last_heartbeat_at != before, 30)
+        assert reconcile() == 1
+        server = ModelServer.objects.get(name="echo-4")
+        assert server.state == "failed" and server.failure_code == "PROCESS_LOST"
+    finally:
+        os.killpg(restarted.process.pid, signal.SIGTERM)
+        restarted.process.wait(20)
