@@ -68,7 +68,8 @@ def server_new(request: HttpRequest) -> HttpResponse:
         "values": request.POST,
         "active_nav": "servers",
     }
-    return render(request, "servers/server_new.html", context, status=409 if refusal else 200)
+    # A page that explains a refusal is a page (200), not an error response for the envelope to replace.
+    return render(request, "servers/server_new.html", context)
 
 
 @staff_required
