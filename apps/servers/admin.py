@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from apps.servers.choices import TERMINAL
 from apps.servers.models import ModelServer, Reservation, ServerEvent
 
 
@@ -36,6 +37,10 @@ class ModelServerAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False  # placing needs the scheduler's answer: use the dashboard or the API
+
+    def has_delete_permission(self, request, obj=None):
+        # A server that holds memory or may have a process is stopped first, never deleted under it.
+        return obj is None or obj.state in TERMINAL
 
     @admin.action(description="Stop selected servers")
     def stop_servers(self, request: HttpRequest, queryset: QuerySet[ModelServer]) -> None:

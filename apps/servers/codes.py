@@ -10,8 +10,10 @@ LLAMACPP_REMOTE_UNSUPPORTED = "llamacpp_remote_unsupported"
 MODEL_NOT_PRESENT_ON_NODE = "model_not_present_on_node"
 INSUFFICIENT_SHARED_MEMORY = "insufficient_shared_memory"
 ENCRYPTED_WEIGHTS_LOCAL_ONLY = "encrypted_weights_local_only"
+LOCAL_NODE_ONLY = "LOCAL_NODE_ONLY"
 
 # A server whose node went offline is marked so in the books.
 NODE_OFFLINE = "NODE_OFFLINE"
 LAUNCH_FAILED = "LAUNCH_FAILED"
 PROCESS_LOST = "PROCESS_LOST"
+STOP_FAILED = "STOP_FAILED"

@@ -39,7 +39,14 @@ def launch(server: ModelServer) -> None:
         return
     try:
         presence = agent_client.model_presence(node, server.model)
-        if presence.status != 200 or not presence.body.get("present"):
+        if presence.status != 200:
+            server.fail(
+                codes.LAUNCH_FAILED,
+                f"The agent refused the presence check ({presence.status}): "
+                f"{presence.body.get('message', '')}",
+            )
+            return
+        if not presence.body.get("present"):
             server.fail(
                 codes.MODEL_NOT_PRESENT_ON_NODE,
                 f"Model {server.model!r} is not on node {node.name}. Replicate the model to that node first.",
@@ -124,7 +131,7 @@ def reconcile_node(node: Node) -> int:
     An agent that restarted (its servers stop with it) or a process that died while running must not
     stay ``running`` in the books. Returns how many servers were failed.
     """
-    books = list(ModelServer.objects.filter(node=node, state=ServerState.RUNNING))
+    books = list(ModelServer.objects.filter(node=node, state=ServerState.RUNNING).select_related("node"))
     if not books:
         return 0
     try:
@@ -140,7 +147,10 @@ def reconcile_node(node: Node) -> int:
         reason = (seen or {}).get("reason") or (
             "the node's agent does not run this server any more (the agent restarted, or the process is gone)"
         )
-        server.fail(codes.PROCESS_LOST, f"{reason}; place it again")
+        try:
+            server.fail(codes.PROCESS_LOST, f"{reason}; place it again")
+        except ApiError:
+            continue  # it changed state meanwhile (a stop): the newer transition stands
         failed += 1
     return failed
 

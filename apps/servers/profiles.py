@@ -24,6 +24,7 @@ A profile::
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,14 +54,6 @@ class LaunchTemplate:
     args: tuple[str, ...]
     health_path: str
     env: dict[str, str] = field(default_factory=dict)
-
-    def render(self, values: dict[str, str]) -> tuple[str, list[str], dict[str, str]]:
-        def fill(text: str) -> str:
-            for key, value in values.items():
-                text = text.replace("{" + key + "}", value)
-            return text
-
-        return fill(self.command), [fill(a) for a in self.args], {k: fill(v) for k, v in self.env.items()}
 
 
 @dataclass(frozen=True)
@@ -224,6 +217,16 @@ def _profile(path: Path, data: dict[str, Any], problems: list[ProfileProblem]) -
     env = r.get("launch.env", dict, default={})
     if isinstance(env, dict) and not all(isinstance(v, str) for v in env.values()):
         r.fail("launch.env", "every value must be a string")
+    for field_name, texts in (
+        ("launch.command", [command] if isinstance(command, str) else []),
+        ("launch.args", [a for a in args if isinstance(a, str)] if isinstance(args, list) else []),
+        ("launch.env", [v for v in env.values() if isinstance(v, str)] if isinstance(env, dict) else []),
+    ):
+        unknown = sorted({m for t in texts for m in re.findall(r"\{[^{}]*\}", t)} - set(PLACEHOLDERS))
+        if unknown:
+            r.fail(
+                field_name, f"unknown placeholder(s) {', '.join(unknown)}; known: {', '.join(PLACEHOLDERS)}"
+            )
     if not r.ok:
         return None
     return RuntimeProfile(

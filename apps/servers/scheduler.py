@@ -91,8 +91,10 @@ def _ineligible_reason(node: Node, profile: RuntimeProfile, now: datetime) -> st
         return "disabled"
     if node.liveness != Liveness.ONLINE:
         return f"{node.liveness}" + (" (no heartbeat yet)" if node.liveness == Liveness.PENDING else "")
-    age = (now - node.last_heartbeat_at).total_seconds() if node.last_heartbeat_at else None
-    if age is None or age > settings.NODE_STALE_AFTER:
+    if node.last_heartbeat_at is None:
+        return "no heartbeat recorded"
+    age = (now - node.last_heartbeat_at).total_seconds()
+    if age > settings.NODE_STALE_AFTER:
         return (
             f"stale telemetry: last heartbeat {age:.0f} s ago, over the {settings.NODE_STALE_AFTER} s limit; "
             "a reading that old is not a reading"
@@ -360,28 +362,55 @@ def place(request: Request, now: datetime | None = None) -> ModelServer:
             best = [row[0] for row in cursor.fetchall()]
             candidates = _candidates(cursor, profile, request.model, gpus, now, best) if best else []
             verdicts = [_judge(c, profile, gpus, need, rule) for c in candidates]
-            for verdict in sorted((v for v in verdicts if v.fits), key=lambda v: v.score):
-                candidate = next(c for c in candidates if c.name == verdict.node)
-                cursor.execute(_LOCK_GPUS if gpus else _LOCK_NODE, {"node": candidate.node_id})
-                fresh = _candidates(cursor, profile, request.model, gpus, now, [candidate.node_id])
-                recheck = _judge(fresh[0], profile, gpus, need, rule) if fresh else None
-                if recheck is not None and recheck.fits:
-                    return _record(request, profile, gpus, need, rule, fresh[0], recheck, verdicts)
-                # Someone placed here meanwhile (or the node left); its fresh numbers explain why.
-                verdicts[verdicts.index(verdict)] = recheck or Verdict(
-                    verdict.node, False, "no longer eligible"
-                )
-            # 2. Nothing fits (or every fit was taken meanwhile): judge every eligible node for the refusal.
+            tried: set[str] = set()
+            server = _claim(cursor, request, profile, gpus, need, rule, now, candidates, verdicts, tried)
+            if server is not None:
+                return server
+            # 2. Nothing fits, or concurrent placements took every ranked fit: judge every eligible node,
+            #    try any fit not tried yet, and otherwise explain the refusal with every node's numbers.
             candidates = _candidates(cursor, profile, request.model, gpus, now, only)
             verdicts = [_judge(c, profile, gpus, need, rule) for c in candidates]
+            server = _claim(cursor, request, profile, gpus, need, rule, now, candidates, verdicts, tried)
+            if server is not None:
+                return server
         _refuse(request, profile, gpus, need, rule, verdicts, now)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _claim(
+    cursor: Any,
+    request: Request,
+    profile: RuntimeProfile,
+    gpus: int,
+    need: int,
+    rule: str,
+    now: datetime,
+    candidates: list[Candidate],
+    verdicts: list[Verdict],
+    tried: set[str],
+) -> ModelServer | None:
+    """Best fit first: lock the node, re-read its headroom in a fresh statement, record if it still fits.
+
+    A node a concurrent placement filled meanwhile keeps its fresh numbers as its verdict.
+    """
+    for verdict in sorted((v for v in verdicts if v.fits and v.node not in tried), key=lambda v: v.score):
+        tried.add(verdict.node)
+        candidate = next(c for c in candidates if c.name == verdict.node)
+        cursor.execute(_LOCK_GPUS if gpus else _LOCK_NODE, {"node": candidate.node_id})
+        fresh = _candidates(cursor, profile, request.model, gpus, now, [candidate.node_id])
+        recheck = _judge(fresh[0], profile, gpus, need, rule) if fresh else None
+        if recheck is not None and recheck.fits:
+            return _record(request, profile, gpus, need, rule, fresh[0], recheck, verdicts)
+        verdicts[verdicts.index(verdict)] = recheck or Verdict(verdict.node, False, "no longer eligible")
+    return None
+
+
 def _apply_local_only(request: Request, profile: RuntimeProfile) -> None:
     """GGUF servers and encrypted weights run on the local node only, refused by their keys otherwise."""
-    if profile.local_node_only:
+    if profile.local_node_only and profile.engine == "llamacpp":
         key, why = codes.LLAMACPP_REMOTE_UNSUPPORTED, "GGUF servers are local-node only. Deploy locally."
+    elif profile.local_node_only:
+        key, why = codes.LOCAL_NODE_ONLY, f"Profile {profile.name} is local-node only. Deploy locally."
     elif request.encrypted:
         key, why = (
             codes.ENCRYPTED_WEIGHTS_LOCAL_ONLY,

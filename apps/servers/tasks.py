@@ -7,7 +7,7 @@ from datetime import datetime
 from celery import shared_task
 from django.utils import timezone
 
-from apps.servers import lifecycle
+from apps.servers import codes, lifecycle
 from apps.servers.choices import ServerState
 from apps.servers.models import ModelServer
 
@@ -47,7 +47,9 @@ def stop_server(server_id: str) -> str:
     if result["ok"]:
         server.transition(ServerState.STOPPED, detail="stopped by its agent")
     else:
-        server.fail(result.get("code", "STOP_FAILED"), result.get("message", "the agent could not stop it"))
+        server.fail(
+            result.get("code", codes.STOP_FAILED), result.get("message", "the agent could not stop it")
+        )
     return server.state
 
 

@@ -72,3 +72,22 @@ def test_a_server_that_exits_before_it_is_healthy_is_failed_with_its_output(tmp_
     assert wait_for(lambda: server.state == FAILED)
     assert "exited with status 4 before it was healthy" in server.reason
     assert "no such engine" in server.reason
+
+
+def test_an_engines_child_processes_count_as_managed(tmp_path: Path):
+    # vLLM and others spawn workers: their GPU memory is ModelForge's too, not external pressure.
+    manager = ProcessManager(tmp_path)
+    spec = {
+        **ECHO,
+        "server_id": "family",
+        "command": "/bin/sh",
+        "args": ["-c", "sleep 30 & exec {python} -m agent.engines.echo --port {port}"],
+    }
+    server = manager.launch(spec)
+    try:
+        assert wait_for(lambda: server.state == RUNNING), list(server.output)
+        assert wait_for(lambda: len(manager.pids()) >= 2)
+        assert server.process.pid in manager.pids()
+    finally:
+        manager.stop("family")
+    assert wait_for(lambda: manager.pids() == frozenset())

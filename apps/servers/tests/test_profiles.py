@@ -41,7 +41,7 @@ rule = "fixed"
 per_gpu_gib = -1
 [launch]
 command = "serve"
-args = ["--model", "{model_path}"]
+args = ["--model", "{model_path}", "--gpus", "{gpu_list}"]
 health_path = "health"
 """,
     )
@@ -64,6 +64,7 @@ args = ["--port", "{port}"]
     write(tmp_path, "bad.toml", "name = [unclosed")
     profiles, problems = load_profiles(tmp_path)
     assert profiles == {}
+    assert any("unknown placeholder(s) {gpu_list}" in p.message for p in problems)
     found = {(p.code, p.where.split("/")[-1]) for p in problems}
     assert {
         (INVALID_MANIFEST, "broken.toml: engine"),
