@@ -22,6 +22,8 @@ RUN pip install .
 COPY manage.py ./
 COPY templates ./templates
 COPY static ./static
+# Runtime profiles; a deployment may mount its own over it (compose.production.yaml does).
+COPY config ./config
 
 # Never run as root. MODELFORGE_HOME/static is STATIC_ROOT; WhiteNoise warns when it is missing.
 RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/modelforge --create-home \
