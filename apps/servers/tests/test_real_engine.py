@@ -64,13 +64,21 @@ def test_a_gguf_model_is_served_by_llama_cpp_on_the_local_node(
         ), agent.log()[-3000:]
         server = ModelServer.objects.get(name="gemma")
         assert server.state == "running", (server.failure_code, server.failure_message)
-        answer = httpx.post(
+        chat = httpx.post(
             f"http://127.0.0.1:{server.port}/v1/chat/completions",
-            json={"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16},
+            json={"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 16},
             timeout=120,
         )
-        assert answer.status_code == 200
-        assert answer.json()["choices"][0]["message"]["content"].strip()
+        assert chat.status_code == 200, chat.text
+        assert chat.json()["choices"][0]["message"]["role"] == "assistant"
+        completion = httpx.post(
+            f"http://127.0.0.1:{server.port}/v1/completions",
+            json={"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0},
+            timeout=120,
+        )
+        assert completion.status_code == 200, completion.text
+        assert completion.json()["usage"]["completion_tokens"] > 0
+        assert completion.json()["choices"][0]["text"].strip(), completion.json()
     finally:
         os.killpg(agent.process.pid, signal.SIGTERM)
         agent.process.wait(30)
