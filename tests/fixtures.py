@@ -266,3 +266,34 @@ def log_in(page: Any, base_url: str, username: str, password: str) -> None:
     page.fill("#id_password", password)
     page.click("button[type=submit]")
     page.wait_for_selector("h1")
+
+
+def agent_environment(
+    control_plane_url: str,
+    state: Path,
+    *,
+    secret: str,
+    name: str,
+    token: str | None = None,
+    models: Path | None = None,
+) -> dict[str, str]:
+    """The environment of a real agent (CPU mode, on loopback, heartbeat every second) for tests."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_AGENT")}
+    env.pop("NVIDIA_VISIBLE_DEVICES", None)
+    env.update(
+        PYTHONUNBUFFERED="1",
+        MODELFORGE_AGENT_CONTROL_PLANE_URL=control_plane_url,
+        MODELFORGE_AGENT_STATE_VOLUME=str(state),
+        MODELFORGE_AGENT_ACCELERATOR_MODE="cpu",
+        MODELFORGE_AGENT_CLUSTER_SECRET=secret,
+        MODELFORGE_AGENT_LISTEN_HOST="127.0.0.1",
+        MODELFORGE_AGENT_ADVERTISE_HOST="127.0.0.1",
+        MODELFORGE_AGENT_PORT=str(free_port()),
+        MODELFORGE_AGENT_HEARTBEAT_INTERVAL="1",
+        MODELFORGE_AGENT_NAME=name,
+    )
+    if token:
+        env["MODELFORGE_AGENT_ENROLLMENT_TOKEN"] = token
+    if models:
+        env["MODELFORGE_AGENT_MODELS_DIR"] = str(models)
+    return env

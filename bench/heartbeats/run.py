@@ -13,30 +13,24 @@ nothing due. Prints the figures; loopback only, bounded in time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-PYTHON = sys.executable
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import PYTHON, ROOT, free_port, throwaway_stack
+
 GIB = 2**30
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def report_body(gpus: int) -> dict:
@@ -79,34 +73,12 @@ def main() -> int:
         print("wrk is required: apt-get install wrk", file=sys.stderr)
         return 2
 
-    workdir = Path(tempfile.mkdtemp(prefix="mf-bench-"))
-    workdir.chmod(0o755)
-    env = dict(os.environ)
-    env.update(
-        MODELFORGE_ENV="development",
-        MODELFORGE_DEBUG="false",
-        MODELFORGE_LOG_LEVEL="WARNING",
-        MODELFORGE_HOME=str(workdir / "home"),
-        MODELFORGE_EMBEDDED_PG_PORT=str(free_port()),
-        MODELFORGE_EMBEDDED_REDIS_PORT=str(free_port()),
-        MODELFORGE_SECRET_KEY=secrets.token_urlsafe(48),
-        MODELFORGE_OPERATOR_API_KEY=secrets.token_urlsafe(32),
-        MODELFORGE_CLUSTER_SECRET=secrets.token_urlsafe(32),
-    )
-    env.pop("MODELFORGE_DATABASE_URL", None)
-    env.pop("MODELFORGE_REDIS_URL", None)
-    from modelforge.embedded import EmbeddedStack
-
-    stack = EmbeddedStack.from_environment(Path(env["MODELFORGE_HOME"]), env)
     web = None
-    try:
-        env.update(stack.start(persistent=False))
-        os.environ.update(env)
-        subprocess.run([PYTHON, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
-
-        import django
-
-        django.setup()
+    with throwaway_stack() as (workdir, env), contextlib.ExitStack() as cleanup:
+        # The web process never outlives the benchmark, whatever happens.
+        cleanup.callback(
+            lambda: web is not None and web.poll() is None and os.killpg(web.pid, signal.SIGTERM)
+        )
         from django.db import connection
 
         from apps.nodes.liveness import sweep
@@ -250,12 +222,6 @@ def main() -> int:
             )
         connection.close()
         return 0
-    finally:
-        if web is not None and web.poll() is None:
-            os.killpg(web.pid, signal.SIGTERM)
-            web.wait(30)
-        stack.destroy()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from apps.alerts.models import Alert
 from apps.nodes.liveness import sweep
 from apps.nodes.models import EnrollmentToken, Node
 from apps.nodes.tasks import ping_node
-from tests.fixtures import PYTHON, free_port, start_process, wait_until
+from tests.fixtures import PYTHON, agent_environment, free_port, start_process, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
 
@@ -30,24 +30,9 @@ def meminfo_total_bytes() -> int:
     raise AssertionError("no MemTotal")
 
 
-def agent_env(live_web, state: Path, port: int, token: str | None, secret: str, name: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_")}
-    env.pop("NVIDIA_VISIBLE_DEVICES", None)
-    env.update(
-        HOME=str(state / "home"),
-        PYTHONUNBUFFERED="1",
-        MODELFORGE_AGENT_CONTROL_PLANE_URL=live_web.url,
-        MODELFORGE_AGENT_STATE_VOLUME=str(state / "volume"),
-        MODELFORGE_AGENT_ACCELERATOR_MODE="cpu",
-        MODELFORGE_AGENT_CLUSTER_SECRET=secret,
-        MODELFORGE_AGENT_LISTEN_HOST="127.0.0.1",
-        MODELFORGE_AGENT_ADVERTISE_HOST="127.0.0.1",
-        MODELFORGE_AGENT_PORT=str(port),
-        MODELFORGE_AGENT_HEARTBEAT_INTERVAL="1",
-        MODELFORGE_AGENT_NAME=name,
-    )
-    if token:
-        env["MODELFORGE_AGENT_ENROLLMENT_TOKEN"] = token
+def agent_env(live_web, state: Path, token: str | None, secret: str, name: str) -> dict[str, str]:
+    env = agent_environment(live_web.url, state / "volume", secret=secret, name=name, token=token)
+    env["HOME"] = str(state / "home")
     return env
 
 
@@ -67,7 +52,7 @@ def online(name: str) -> bool:
 
 def test_an_agent_enrolls_reports_goes_offline_and_comes_back_with_the_same_identity(live_web, tmp_path):
     _, token = EnrollmentToken.objects.mint(note="end to end")
-    env = agent_env(live_web, tmp_path, free_port(), token, str(settings.CLUSTER_SECRET), "e2e-node")
+    env = agent_env(live_web, tmp_path, token, str(settings.CLUSTER_SECRET), "e2e-node")
     agent = start_agent(env, tmp_path / "agent-1.log")
     try:
         assert wait_until(lambda: online("e2e-node"), 30), agent.log()[-3000:]
@@ -120,7 +105,7 @@ def test_an_agent_enrolls_reports_goes_offline_and_comes_back_with_the_same_iden
 def test_a_cluster_secret_mismatch_is_surfaced_with_the_node_name(live_web, tmp_path, operator_client):
     _, token = EnrollmentToken.objects.mint(note="mismatch")
     wrong_secret = "not-the-control-planes-secret"
-    env = agent_env(live_web, tmp_path, free_port(), token, wrong_secret, "drifted-node")
+    env = agent_env(live_web, tmp_path, token, wrong_secret, "drifted-node")
     agent = start_agent(env, tmp_path / "agent.log")
     try:
         assert wait_until(lambda: online("drifted-node"), 30), agent.log()[-3000:]

@@ -13,7 +13,7 @@ from django.core.management import call_command
 
 from apps.nodes.models import EnrollmentToken, Node
 from apps.servers.models import ModelServer
-from tests.fixtures import PYTHON, free_port, start_process, wait_until
+from tests.fixtures import PYTHON, agent_environment, start_process, wait_until
 
 pytestmark = [
     pytest.mark.engine,
@@ -33,19 +33,13 @@ def test_a_gguf_model_is_served_by_llama_cpp_on_the_local_node(
     call_command("install_demo_gguf", models_dir=models)
     (gguf,) = models.glob("*.gguf")
     _, token = EnrollmentToken.objects.mint(note="engine test")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_AGENT")}
-    env.update(
-        MODELFORGE_AGENT_CONTROL_PLANE_URL=live_web.url,
-        MODELFORGE_AGENT_ENROLLMENT_TOKEN=token,
-        MODELFORGE_AGENT_STATE_VOLUME=str(tmp_path / "state"),
-        MODELFORGE_AGENT_MODELS_DIR=str(models),
-        MODELFORGE_AGENT_ACCELERATOR_MODE="cpu",
-        MODELFORGE_AGENT_CLUSTER_SECRET=str(settings.CLUSTER_SECRET),
-        MODELFORGE_AGENT_LISTEN_HOST="127.0.0.1",
-        MODELFORGE_AGENT_ADVERTISE_HOST="127.0.0.1",
-        MODELFORGE_AGENT_PORT=str(free_port()),
-        MODELFORGE_AGENT_HEARTBEAT_INTERVAL="1",
-        MODELFORGE_AGENT_NAME="local-node",
+    env = agent_environment(
+        live_web.url,
+        tmp_path / "state",
+        secret=str(settings.CLUSTER_SECRET),
+        name="local-node",
+        token=token,
+        models=models,
     )
     agent = start_process([PYTHON, "-m", "agent"], env, tmp_path / "agent.log")
     try:

@@ -18,7 +18,7 @@ from django.conf import settings
 from apps.nodes.liveness import sweep
 from apps.nodes.models import EnrollmentToken, Node
 from apps.servers.models import ModelServer
-from tests.fixtures import PYTHON, free_port, start_process, wait_until
+from tests.fixtures import PYTHON, agent_environment, start_process, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
 
@@ -30,21 +30,13 @@ def agent_node(live_web, tmp_path):
     (models / "tiny-model").mkdir(parents=True)
     (models / "tiny-model" / "config.json").write_text("{}")
     _, token = EnrollmentToken.objects.mint(note="remote start")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELFORGE_AGENT")}
-    env.pop("NVIDIA_VISIBLE_DEVICES", None)
-    env.update(
-        PYTHONUNBUFFERED="1",
-        MODELFORGE_AGENT_CONTROL_PLANE_URL=live_web.url,
-        MODELFORGE_AGENT_ENROLLMENT_TOKEN=token,
-        MODELFORGE_AGENT_STATE_VOLUME=str(tmp_path / "state"),
-        MODELFORGE_AGENT_MODELS_DIR=str(models),
-        MODELFORGE_AGENT_ACCELERATOR_MODE="cpu",
-        MODELFORGE_AGENT_CLUSTER_SECRET=str(settings.CLUSTER_SECRET),
-        MODELFORGE_AGENT_LISTEN_HOST="127.0.0.1",
-        MODELFORGE_AGENT_ADVERTISE_HOST="127.0.0.1",
-        MODELFORGE_AGENT_PORT=str(free_port()),
-        MODELFORGE_AGENT_HEARTBEAT_INTERVAL="1",
-        MODELFORGE_AGENT_NAME="worker-node",
+    env = agent_environment(
+        live_web.url,
+        tmp_path / "state",
+        secret=str(settings.CLUSTER_SECRET),
+        name="worker-node",
+        token=token,
+        models=models,
     )
     agent = start_process([PYTHON, "-m", "agent"], env, tmp_path / "agent.log")
     agent.env = {k: v for k, v in env.items() if k != "MODELFORGE_AGENT_ENROLLMENT_TOKEN"}  # type: ignore[attr-defined]
