@@ -125,24 +125,29 @@ def stop_on_agent(server: ModelServer) -> dict[str, Any]:
     return {"ok": reply.status in (200, 404), "status": reply.status}
 
 
-def reconcile_node(node: Node) -> int:
-    """Compare the books with what the node's agent actually runs; fail servers it no longer runs.
+def reconcile_node(node: Node) -> tuple[int, int]:
+    """Compare the books with what the node's agent actually runs, both ways.
 
-    An agent that restarted (its servers stop with it) or a process that died while running must not
-    stay ``running`` in the books. Returns how many servers were failed.
+    1. A server ``running`` in the books that the agent no longer runs (the agent restarted, the
+       process died) is failed: ``PROCESS_LOST``.
+    2. A process the agent runs that the books do not hold as live (failed while its node was offline,
+       stopped, unknown) is stopped: an orphan would hold memory nobody accounts for.
+    Returns (servers failed, orphans stopped).
     """
-    books = list(ModelServer.objects.filter(node=node, state=ServerState.RUNNING).select_related("node"))
-    if not books:
-        return 0
     try:
         reply = agent_client.call_agent(node, "GET", "/v1/servers")
     except ApiError:
-        return 0  # unreachable: liveness (and the sweep) decide, not one failed call
-    running = {str(s.get("server_id")): s for s in reply.body.get("servers", []) if isinstance(s, dict)}
+        return 0, 0  # unreachable: liveness (and the sweep) decide, not one failed call
+    reported = {str(s.get("server_id")): s for s in reply.body.get("servers", []) if isinstance(s, dict)}
+    live_states = [ServerState.STARTING, ServerState.RUNNING, ServerState.STOPPING]
+    books = {
+        str(server.pk): server
+        for server in ModelServer.objects.filter(node=node, state__in=live_states).select_related("node")
+    }
     failed = 0
-    for server in books:
-        seen = running.get(str(server.pk))
-        if seen is not None and seen.get("state") == "running":
+    for server_id, server in books.items():
+        seen = reported.get(server_id)
+        if server.state != ServerState.RUNNING or (seen is not None and seen.get("state") == "running"):
             continue
         reason = (seen or {}).get("reason") or (
             "the node's agent does not run this server any more (the agent restarted, or the process is gone)"
@@ -152,7 +157,19 @@ def reconcile_node(node: Node) -> int:
         except ApiError:
             continue  # it changed state meanwhile (a stop): the newer transition stands
         failed += 1
-    return failed
+    orphans = 0
+    for server_id, seen in reported.items():
+        if server_id in books or seen.get("state") not in ("starting", "running"):
+            continue
+        try:
+            agent_client.call_agent(node, "POST", "/v1/servers/stop", {"server_id": server_id})
+        except ApiError:
+            continue
+        orphans += 1
+        logger.warning(
+            "stopped orphan server %s on node %s: the books do not hold it as live", server_id, node
+        )
+    return failed, orphans
 
 
 _MARK_OFFLINE = f"""

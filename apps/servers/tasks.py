@@ -54,9 +54,14 @@ def stop_server(server_id: str) -> str:
 
 
 @shared_task(name="servers.reconcile")
-def reconcile() -> int:
-    """Every assignable node with running servers: does its agent still run them?"""
+def reconcile() -> dict[str, int]:
+    """Every online node (enabled or not) that has ever run a server: do its agent and the books agree?"""
+    from apps.nodes.choices import Liveness
     from apps.nodes.models import Node
 
-    nodes = Node.objects.assignable().filter(servers__state=ServerState.RUNNING).distinct()
-    return sum(lifecycle.reconcile_node(node) for node in nodes)
+    nodes = Node.objects.filter(liveness=Liveness.ONLINE, servers__isnull=False).distinct()
+    failed = orphans = 0
+    for node in nodes:
+        lost, stopped = lifecycle.reconcile_node(node)
+        failed, orphans = failed + lost, orphans + stopped
+    return {"failed": failed, "orphans_stopped": orphans}

@@ -118,7 +118,7 @@ def test_a_server_its_agent_no_longer_runs_is_failed_not_kept_running(
         "/api/v1/servers", {"name": "echo-4", "profile": "test-echo", "model": "tiny-model"}, format="json"
     )
     assert wait_until(lambda: state_of("echo-4") == "running", 60), celery_worker_process.log()[-3000:]
-    assert reconcile() == 0  # the agent runs it: nothing to change
+    assert reconcile() == {"failed": 0, "orphans_stopped": 0}  # the agent runs it: nothing to change
 
     # The agent restarts (its servers stop with it) and comes back with the same identity.
     os.killpg(agent_node.process.pid, signal.SIGTERM)
@@ -128,9 +128,27 @@ def test_a_server_its_agent_no_longer_runs_is_failed_not_kept_running(
         node = Node.objects.get(name="worker-node")
         before = node.last_heartbeat_at
         assert wait_until(lambda: Node.objects.get(name="worker-node").last_heartbeat_at != before, 30)
-        assert reconcile() == 1
+        assert reconcile() == {"failed": 1, "orphans_stopped": 0}
         server = ModelServer.objects.get(name="echo-4")
         assert server.state == "failed" and server.failure_code == "PROCESS_LOST"
     finally:
         os.killpg(restarted.process.pid, signal.SIGTERM)
         restarted.process.wait(20)
+
+
+def test_a_process_the_books_no_longer_hold_as_live_is_stopped(
+    celery_worker_process, agent_node, operator_client
+):
+    from apps.servers.tasks import reconcile
+
+    operator_client.post(
+        "/api/v1/servers", {"name": "echo-5", "profile": "test-echo", "model": "tiny-model"}, format="json"
+    )
+    assert wait_until(lambda: state_of("echo-5") == "running", 60), celery_worker_process.log()[-3000:]
+    server = ModelServer.objects.get(name="echo-5")
+    # As after NODE_OFFLINE while the agent was only unreachable: the books say failed, the process runs.
+    server.fail("NODE_OFFLINE", "its node went offline")
+    assert httpx.get(f"http://127.0.0.1:{server.port}/health", timeout=2).status_code == 200
+    assert reconcile() == {"failed": 0, "orphans_stopped": 1}
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{server.port}/health", timeout=2)
