@@ -15,12 +15,17 @@ run_entry_checks("web")
 
 django_application = get_asgi_application()
 
-from apps.nodes import fastpath  # noqa: E402 -- needs the app registry that get_asgi_application loaded
+from apps.clusters.gateway import PREFIX as GATEWAY_PREFIX  # noqa: E402 -- needs the app registry
+from apps.clusters.gateway import gateway  # noqa: E402
+from apps.nodes import fastpath  # noqa: E402
 
 
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """Route the hottest write, agents' heartbeats, to its lean endpoint; everything else to Django."""
+    """Agents' heartbeats and the serving gateway (/v1/) go to their lean endpoints; the rest to Django."""
     if scope["type"] == "http" and scope["path"] == fastpath.PATH:
         await fastpath.endpoint(scope, receive, send)
+        return
+    if scope["type"] == "http" and scope["path"].startswith(GATEWAY_PREFIX):
+        await gateway(scope, receive, send)
         return
     await django_application(scope, receive, send)

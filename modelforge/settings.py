@@ -104,6 +104,7 @@ INSTALLED_APPS = [
     "apps.alerts",
     "apps.nodes",
     "apps.servers",
+    "apps.clusters",
 ]
 
 MIDDLEWARE = [

@@ -9,6 +9,7 @@ api_patterns: list[URLPattern | URLResolver] = [
     path("", include("apps.nodes.api.urls")),
     path("", include("apps.alerts.api.urls")),
     path("", include("apps.servers.api.urls")),
+    path("", include("apps.clusters.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
 ]
 

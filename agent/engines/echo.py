@@ -19,6 +19,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+# Between streamed chunks: long enough that a buffering proxy would visibly delay the first one.
+STREAM_PAUSE_S = 0.2
+
 
 def vector(text: str) -> list[float]:
     digest = hashlib.sha256(text.encode()).digest()
@@ -36,6 +39,39 @@ def make_handler(model: str) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def _stream(self, text: str) -> None:
+            """Server-sent events, one word a chunk with a pause between, then [DONE] (chunked)."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            created = int(time.time())
+            words = text.split(" ")
+            for i, word in enumerate(words):
+                delta = {"role": "assistant", "content": word if i == 0 else " " + word}
+                chunk = {
+                    "id": f"chatcmpl-{created}",
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": model,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+                }
+                self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
+                time.sleep(STREAM_PAUSE_S)
+            final = {
+                "id": f"chatcmpl-{created}",
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            }
+            self._chunk(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
+            self._chunk(b"")
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
 
         def do_GET(self) -> None:
             if self.path == "/health":
@@ -68,6 +104,9 @@ def make_handler(model: str) -> type[BaseHTTPRequestHandler]:
                         "usage": {"prompt_tokens": len(inputs), "total_tokens": len(inputs)},
                     },
                 )
+            elif self.path == "/v1/chat/completions" and request.get("stream"):
+                messages = request.get("messages") or [{"content": ""}]
+                self._stream(f"echo: {messages[-1].get('content', '')}")
             elif self.path == "/v1/chat/completions":
                 messages = request.get("messages") or [{"content": ""}]
                 text = str(messages[-1].get("content", ""))

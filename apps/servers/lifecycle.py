@@ -20,6 +20,7 @@ from apps.nodes.signals import nodes_went_offline
 from apps.servers import codes
 from apps.servers.choices import ServerState
 from apps.servers.models import ModelServer, Reservation, ServerEvent
+from apps.servers.signals import server_state_changed
 from modelforge.errors import ApiError
 
 logger = logging.getLogger(__name__)
@@ -207,4 +208,5 @@ def mark_servers_of_offline_nodes(sender: Any, nodes: list[tuple[str, str]], at:
         (count,) = cursor.fetchone()
     if count:
         logger.warning("%s server(s) marked failed: their node went offline", count)
+        server_state_changed.send(sender=ModelServer, server_id=None)
     return int(count)

@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.clusters.api import serializers as s
+from apps.clusters.models import Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
+from apps.servers.models import ModelServer
+
+
+class CapabilityViewSet(viewsets.ModelViewSet):
+    queryset = Capability.objects.all()
+    serializer_class = s.CapabilitySerializer
+
+
+class ClusterViewSet(viewsets.ModelViewSet):
+    """Clusters. The algorithm may change with servers attached: it is a runtime router knob."""
+
+    queryset = Cluster.objects.prefetch_related("members")
+    serializer_class = s.ClusterSerializer
+
+
+class ClusterMemberViewSet(viewsets.ModelViewSet):
+    """Members. Creating, renaming, re-weighting, re-sizing or removing one is refused while the cluster
+    has servers attached (CLUSTER_MEMBERSHIP_LOCKED): detach them first."""
+
+    queryset = ClusterMember.objects.select_related("cluster", "server")
+    serializer_class = s.ClusterMemberSerializer
+
+    def perform_create(self, serializer: Any) -> None:
+        serializer.validated_data["cluster"].refuse_membership_change()
+        serializer.save()
+
+    def perform_update(self, serializer: Any) -> None:
+        serializer.instance.cluster.refuse_membership_change()
+        serializer.save()
+
+    def perform_destroy(self, instance: ClusterMember) -> None:
+        instance.cluster.refuse_membership_change()
+        instance.delete()
+
+    @extend_schema(request=None, responses=s.ClusterMemberSerializer)
+    @action(detail=True, methods=["post"])
+    def attach(self, request: Request, pk: Any = None) -> Response:
+        member = self.get_object()
+        server_id = request.data.get("server") if isinstance(request.data, dict) else None
+        server = ModelServer.objects.filter(pk=server_id).first() if server_id else None
+        if server is None:
+            raise serializers.ValidationError({"server": ["Give the id of an existing model server."]})
+        member.server = server
+        member.save(update_fields=["server"])
+        return Response(s.ClusterMemberSerializer(member).data)
+
+    @extend_schema(request=None, responses=s.ClusterMemberSerializer)
+    @action(detail=True, methods=["post"])
+    def detach(self, request: Request, pk: Any = None) -> Response:
+        member = self.get_object()
+        member.server = None
+        member.save(update_fields=["server"])
+        return Response(s.ClusterMemberSerializer(member).data)
+
+
+class RoutingTierViewSet(viewsets.ModelViewSet):
+    queryset = RoutingTier.objects.all()
+    serializer_class = s.RoutingTierSerializer
+
+
+class ClientCredentialViewSet(
+    mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
+    """Client credentials: minted (shown once), listed, revoked."""
+
+    queryset = ClientCredential.objects.all()
+    serializer_class = s.ClientCredentialSerializer
+
+    @extend_schema(request=s.ClientCredentialSerializer, responses={201: s.MintedCredentialSerializer})
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        data = s.ClientCredentialSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        credential, plain = ClientCredential.objects.mint(
+            name=data.validated_data["name"],
+            scopes=data.validated_data["scopes"],
+            project=data.validated_data.get("project", ""),
+            expires_at=data.validated_data.get("expires_at"),
+            created_by=request.user,
+        )
+        body = s.MintedCredentialSerializer(credential).data
+        body["credential"] = plain
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=s.ClientCredentialSerializer)
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, pk: Any = None) -> Response:
+        credential = self.get_object()
+        credential.revoke()
+        credential.refresh_from_db()
+        return Response(s.ClientCredentialSerializer(credential).data)

@@ -1,0 +1,240 @@
+"""The serving gateway: OpenAI-compatible ``/v1/*`` as a lean ASGI application beside Django.
+
+``model`` names a capability (``rag.embedding@1``); the credential must be scoped to exactly that.
+No database query per request (the routing table is cached per process), pooled keep-alive
+connections to backends, bounded timeouts and request size, streaming passed through chunk by chunk.
+Every failure is the envelope; a credential problem is always ``401 CAPABILITY_NOT_AUTHORIZED`` with
+the same headers, only the message differs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import msgspec
+from django.conf import settings
+from django.utils import timezone
+
+from apps.clusters import codes
+from apps.clusters.routing import Backend, authorize, router
+from modelforge.errors import INTERNAL_SERVER_ERROR_BODY
+from modelforge.errors import codes as error_codes
+from modelforge.logging import accept_or_generate, set_correlation_id
+
+logger = logging.getLogger("modelforge.gateway")
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+PREFIX = "/v1/"
+FORWARDED = {"/v1/embeddings", "/v1/chat/completions", "/v1/completions"}
+UNAUTHORIZED_HEADERS = {"www-authenticate": 'Bearer realm="modelforge-gateway"'}
+TIMEOUT = httpx.Timeout(connect=2.0, read=120.0, write=30.0, pool=5.0)
+
+
+class Refusal(Exception):
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.headers = status, code, message, headers or {}
+
+
+class Gateway:
+    """The ASGI callable for ``/v1/*``."""
+
+    def __init__(self) -> None:
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=TIMEOUT, limits=httpx.Limits(max_connections=512, max_keepalive_connections=128)
+            )
+        return self._client
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        started = time.monotonic()
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        correlation_id = accept_or_generate(headers.get("x-correlation-id"))
+        set_correlation_id(correlation_id)
+        status = 500
+        try:
+            status = await self._serve(scope, receive, send, headers, correlation_id)
+        except Refusal as exc:
+            status = exc.status
+            await _send_json(
+                send,
+                exc.status,
+                {"code": exc.code, "message": exc.message, "correlation_id": correlation_id},
+                correlation_id,
+                exc.headers,
+            )
+        except Exception:
+            logger.exception("gateway request failed")
+            await _send(send, 500, INTERNAL_SERVER_ERROR_BODY.encode(), "text/plain", correlation_id)
+        if status >= 400 or logger.isEnabledFor(logging.DEBUG):
+            logger.info(
+                "%s %s -> %s in %.1f ms",
+                scope["method"],
+                scope["path"],
+                status,
+                (time.monotonic() - started) * 1000,
+            )
+
+    async def _serve(
+        self,
+        scope: dict[str, Any],
+        receive: Receive,
+        send: Send,
+        headers: dict[str, str],
+        correlation_id: str,
+    ) -> int:
+        path, method = scope["path"], scope["method"]
+        table = await router.table()
+        scheme, _, presented = headers.get("authorization", "").partition(" ")
+        presented = presented.strip() if scheme.lower() == "bearer" else ""
+        if path == "/v1/models":
+            if method != "GET":
+                raise Refusal(405, error_codes.METHOD_NOT_ALLOWED, "Use GET.", {"allow": "GET"})
+            grant, why = authorize(table, presented, None)
+            if grant is None:
+                raise Refusal(401, codes.CAPABILITY_NOT_AUTHORIZED, why, UNAUTHORIZED_HEADERS)
+            data = [
+                {"id": name, "object": "model", "owned_by": "modelforge"} for name in sorted(grant.scopes)
+            ]
+            await _send_json(send, 200, {"object": "list", "data": data}, correlation_id)
+            return 200
+        if path not in FORWARDED:
+            raise Refusal(
+                404,
+                error_codes.NOT_FOUND,
+                f"The gateway serves /v1/models and {', '.join(sorted(FORWARDED))}.",
+            )
+        if method != "POST":
+            raise Refusal(405, error_codes.METHOD_NOT_ALLOWED, "Use POST.", {"allow": "POST"})
+        body = await _read_body(receive, headers)
+        try:
+            request = msgspec.json.decode(body)
+        except msgspec.DecodeError:
+            raise Refusal(400, error_codes.MALFORMED_REQUEST, "The body is not valid JSON.") from None
+        if not isinstance(request, dict) or not isinstance(request.get("model"), str):
+            raise Refusal(
+                400,
+                error_codes.VALIDATION_ERROR,
+                'The body must be a JSON object with "model": "<capability>", e.g. "rag.embedding@1".',
+            )
+        capability = request["model"]
+        grant, why = authorize(table, presented, capability, now=timezone.now())
+        if grant is None:
+            raise Refusal(401, codes.CAPABILITY_NOT_AUTHORIZED, why, UNAUTHORIZED_HEADERS)
+        backends, algorithm, _cluster = router.candidates_in(table, capability, grant.project)
+        tried: set[str] = set()
+        for _attempt in range(2):  # a request that reached no backend is retried once elsewhere
+            backend = router.pick(backends, algorithm, tried)
+            if backend is None:
+                break
+            tried.add(backend.key)
+            try:
+                return await self._forward(
+                    backend, path, body, bool(request.get("stream")), send, correlation_id
+                )
+            except httpx.ConnectError:
+                logger.warning("backend %s refused the connection; trying another", backend.name)
+                continue
+        if not backends:
+            raise Refusal(
+                503,
+                codes.NO_ELIGIBLE_NODE,
+                f"No running backend serves {capability!r} for this credential: no online, enabled node "
+                "runs one. See the capability's routing tiers and its servers.",
+                {"retry-after": "5"},
+            )
+        raise Refusal(
+            503,
+            codes.NO_ELIGIBLE_NODE,
+            f"Every backend tried for {capability!r} refused the connection.",
+            {"retry-after": "5"},
+        )
+
+    async def _forward(
+        self, backend: Backend, path: str, body: bytes, stream: bool, send: Send, correlation_id: str
+    ) -> int:
+        upstream = self.client.build_request(
+            "POST",
+            backend.url + path,
+            content=body,
+            headers={"content-type": "application/json", "x-correlation-id": correlation_id},
+        )
+        router.in_flight[backend.key] = router.in_flight.get(backend.key, 0) + 1
+        try:
+            response = await self.client.send(upstream, stream=True)
+            try:
+                headers = [
+                    (b"content-type", response.headers.get("content-type", "application/json").encode()),
+                    (b"x-correlation-id", correlation_id.encode()),
+                    (b"x-modelforge-backend", backend.name.encode()),
+                ]
+                await send(
+                    {"type": "http.response.start", "status": response.status_code, "headers": headers}
+                )
+                # Chunk by chunk, never buffered: a streamed completion reaches the client as it is made.
+                async for chunk in response.aiter_raw():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return response.status_code
+            finally:
+                await response.aclose()
+        finally:
+            router.in_flight[backend.key] -= 1
+        del stream
+
+
+async def _read_body(receive: Receive, headers: dict[str, str]) -> bytes:
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    declared = headers.get("content-length", "")
+    if declared and (not declared.isdigit() or int(declared) > limit):
+        raise Refusal(413, error_codes.PAYLOAD_TOO_LARGE, error_codes.DEFAULT_MESSAGES[413])
+    body = bytearray()
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if len(body) > limit:
+            raise Refusal(413, error_codes.PAYLOAD_TOO_LARGE, error_codes.DEFAULT_MESSAGES[413])
+        if not message.get("more_body"):
+            return bytes(body)
+
+
+async def _send_json(
+    send: Send,
+    status: int,
+    payload: dict[str, Any],
+    correlation_id: str,
+    headers: dict[str, str] | None = None,
+) -> None:
+    await _send(send, status, json.dumps(payload).encode(), "application/json", correlation_id, headers)
+
+
+async def _send(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: str,
+    correlation_id: str,
+    headers: dict[str, str] | None = None,
+) -> None:
+    raw = [
+        (b"content-type", content_type.encode()),
+        (b"content-length", str(len(body)).encode()),
+        (b"x-correlation-id", correlation_id.encode()),
+    ]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+gateway = Gateway()

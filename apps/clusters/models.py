@@ -1,0 +1,176 @@
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from datetime import datetime
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.utils import timezone
+
+from apps.clusters import codes
+from apps.servers.models import ModelServer
+from modelforge.errors import ApiError
+
+CAPABILITY = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}@[1-9][0-9]{0,5}$")
+CREDENTIAL_PREFIX = "mfc_"
+
+
+def digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+class Algorithm(models.TextChoices):
+    WEIGHTED_ROUND_ROBIN = "weighted_round_robin", "Weighted round-robin (smooth)"
+    LEAST_CONNECTIONS = "least_connections", "Least connections"
+
+
+class Capability(models.Model):
+    """A named, versioned thing clients may call, e.g. ``rag.embedding@1``."""
+
+    name = models.CharField(max_length=80, unique=True, help_text="name@version, e.g. rag.embedding@1")
+    description = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        if not CAPABILITY.match(self.name):
+            raise ValidationError({"name": "Use lower-case name@version, e.g. rag.embedding@1."})
+
+
+class Cluster(models.Model):
+    """Model servers behind one load balancer; the algorithm is a runtime knob."""
+
+    name = models.CharField(max_length=63, unique=True)
+    algorithm = models.CharField(
+        max_length=32, choices=Algorithm.choices, default=Algorithm.WEIGHTED_ROUND_ROBIN
+    )
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def has_servers_attached(self) -> bool:
+        return self.members.filter(server__isnull=False).exists()
+
+    def refuse_membership_change(self) -> None:
+        """Membership (GPUs, weights, names) changes the deploy shape: detach the servers first."""
+        if self.has_servers_attached():
+            raise ApiError(
+                codes.CLUSTER_MEMBERSHIP_LOCKED,
+                f"Cluster {self.name} has servers attached; membership changes (GPUs, weights, member names) "
+                "change the deploy shape. Detach the servers first. The algorithm can be changed while "
+                "attached.",
+                409,
+            )
+
+
+class ClusterMember(models.Model):
+    """One slot of a cluster: its name, GPUs, weight, and the model server attached to it."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="members")
+    name = models.CharField(max_length=63)
+    gpus = models.PositiveSmallIntegerField(default=1)
+    weight = models.PositiveIntegerField(default=1, help_text="0 parks the member.")
+    server = models.OneToOneField(
+        ModelServer, null=True, blank=True, on_delete=models.SET_NULL, related_name="cluster_member"
+    )
+
+    class Meta:
+        ordering = ["cluster", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="clusters_member_unique_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster}/{self.name}"
+
+
+class RoutingTier(models.Model):
+    """Binds a capability to a cluster or a standalone server; lower ``tier`` is tried first."""
+
+    capability = models.ForeignKey(Capability, on_delete=models.CASCADE, related_name="tiers")
+    tier = models.PositiveSmallIntegerField(default=0)
+    cluster = models.ForeignKey(
+        Cluster, null=True, blank=True, on_delete=models.CASCADE, related_name="tiers"
+    )
+    server = models.ForeignKey(
+        ModelServer, null=True, blank=True, on_delete=models.CASCADE, related_name="tiers"
+    )
+    weight = models.PositiveIntegerField(default=1, help_text="Weight of a standalone server.")
+    project = models.CharField(max_length=63, blank=True, help_text="Only credentials of this project.")
+
+    class Meta:
+        ordering = ["capability", "tier", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(cluster__isnull=False, server__isnull=True)
+                | models.Q(cluster__isnull=True, server__isnull=False),
+                name="clusters_tier_cluster_xor_server",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.capability} tier {self.tier} -> {self.cluster or self.server}"
+
+
+class ClientCredentialManager(models.Manager["ClientCredential"]):
+    def mint(
+        self,
+        *,
+        name: str,
+        scopes: list[str],
+        project: str = "",
+        expires_at: datetime | None = None,
+        created_by: Any = None,
+    ) -> tuple[ClientCredential, str]:
+        plain = CREDENTIAL_PREFIX + secrets.token_urlsafe(32)
+        credential = self.create(
+            name=name,
+            display_prefix=plain[:12],
+            secret_hash=digest(plain),
+            scopes=sorted(set(scopes)),
+            project=project,
+            expires_at=expires_at,
+            created_by=created_by if getattr(created_by, "pk", None) else None,
+        )
+        return credential, plain
+
+
+class ClientCredential(models.Model):
+    """What an application presents to the gateway: hashed, expiring, revocable, exactly scoped."""
+
+    name = models.CharField(max_length=100)
+    display_prefix = models.CharField(max_length=16, editable=False)
+    secret_hash = models.CharField(max_length=64, unique=True, editable=False)
+    scopes = models.JSONField(default=list, help_text="Exact capability names, e.g. rag.embedding@1.")
+    project = models.CharField(max_length=63, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by = models.ForeignKey(
+        "auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ClientCredentialManager()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.display_prefix}…)"
+
+    def revoke(self) -> bool:
+        return bool(
+            ClientCredential.objects.filter(pk=self.pk, revoked_at__isnull=True).update(
+                revoked_at=timezone.now()
+            )
+        )

@@ -1,0 +1,281 @@
+"""The routing table each web process caches, and the balancers that pick a backend from it.
+
+The table (credentials, capabilities, tiers, clusters, running servers) is read from the database in a
+few queries and kept in memory: the data path makes no database query. It is rebuilt when the routing
+version in Redis moves (checked at most once a second), and at least every few seconds regardless, so
+a change reaches every process quickly. In-flight counts and balancer state are process-local for now.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+import redis
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
+from django.utils import timezone
+
+from apps.clusters.models import (
+    Algorithm,
+    Capability,
+    ClientCredential,
+    Cluster,
+    ClusterMember,
+    RoutingTier,
+    digest,
+)
+from apps.nodes.models import Node
+from apps.servers.choices import ServerState
+from apps.servers.models import ModelServer
+from apps.servers.signals import server_state_changed
+
+logger = logging.getLogger("modelforge.gateway")
+
+VERSION_KEY = "modelforge:routing:version"
+CHECK_EVERY_S = 1.0
+REBUILD_AT_LEAST_EVERY_S = 5.0
+
+
+@lru_cache(maxsize=1)
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
+
+
+def bump_version() -> None:
+    """Tell every process its routing table is out of date."""
+    try:
+        _redis().incr(VERSION_KEY)
+    except redis.RedisError as exc:
+        logger.warning(
+            "routing version not bumped, Redis unreachable (%s): tables refresh within %.0f s",
+            type(exc).__name__,
+            REBUILD_AT_LEAST_EVERY_S,
+        )
+
+
+@receiver(post_save)
+@receiver(post_delete)
+def _routing_changed(sender: Any, **kwargs: Any) -> None:
+    if sender in (Capability, Cluster, ClusterMember, RoutingTier, ClientCredential, ModelServer):
+        bump_version()
+
+
+@receiver(server_state_changed)
+def _server_state_changed(sender: Any, **kwargs: Any) -> None:
+    bump_version()
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A running model server the gateway may send requests to."""
+
+    key: str
+    name: str
+    url: str
+    weight: int
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A tier's binding: a cluster (with its algorithm) or a standalone server."""
+
+    tier: int
+    project: str
+    cluster: str | None
+    algorithm: str
+    backends: tuple[Backend, ...]
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What a presented credential may do, and why it may not (the message of a refusal)."""
+
+    secret_hash: str
+    scopes: frozenset[str]
+    project: str
+    expires_at: datetime | None
+    revoked: bool
+
+
+@dataclass
+class Table:
+    grants: dict[str, Grant]
+    bindings: dict[str, list[Binding]]
+    built_at: float = field(default_factory=time.monotonic)
+
+
+def build_table() -> Table:
+    """Read everything routing needs, in a handful of queries."""
+    grants = {
+        c.secret_hash: Grant(
+            c.secret_hash, frozenset(c.scopes), c.project, c.expires_at, c.revoked_at is not None
+        )
+        for c in ClientCredential.objects.all()
+    }
+    assignable = set(Node.objects.assignable().values_list("pk", flat=True))
+    running = {
+        s.pk: s
+        for s in ModelServer.objects.filter(state=ServerState.RUNNING, port__isnull=False).select_related(
+            "node"
+        )
+        if s.node_id in assignable
+    }
+
+    def backend(server: ModelServer, name: str, weight: int) -> Backend | None:
+        if server.pk not in running or weight <= 0:
+            return None
+        host = (
+            server.node.agent_url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]  # type: ignore[union-attr]
+            or "127.0.0.1"
+        )
+        return Backend(str(server.pk), name, f"http://{host}:{server.port}", weight)
+
+    members: dict[int, list[ClusterMember]] = {}
+    for member in ClusterMember.objects.filter(server__isnull=False):
+        members.setdefault(member.cluster_id, []).append(member)
+    bindings: dict[str, list[Binding]] = {}
+    for tier in RoutingTier.objects.select_related("capability", "cluster", "server"):
+        if tier.cluster is not None:
+            found = [
+                backend(running[m.server_id], f"{tier.cluster.name}/{m.name}", m.weight)
+                for m in members.get(tier.cluster.pk, [])
+                if m.server_id in running
+            ]
+            name, algorithm = tier.cluster.name, tier.cluster.algorithm
+        else:
+            assert tier.server is not None
+            found = [backend(tier.server, tier.server.name, tier.weight)]
+            name, algorithm = None, Algorithm.WEIGHTED_ROUND_ROBIN
+        bindings.setdefault(tier.capability.name, []).append(
+            Binding(tier.tier, tier.project, name, algorithm, tuple(b for b in found if b is not None))
+        )
+    return Table(grants, bindings)
+
+
+class Router:
+    """One per process: the cached table, and the balancers' state."""
+
+    def __init__(self) -> None:
+        self._table: Table | None = None
+        self._version: Any = None
+        self._checked = 0.0
+        self._lock = threading.Lock()
+        self._current: dict[str, dict[str, int]] = {}  # smooth WRR state per candidate set
+        self.in_flight: dict[str, int] = {}
+        self.redis_ok = True
+
+    async def table(self) -> Table:
+        """The cached table; checked against the routing version at most once a second, off the event loop
+        (the ORM and Redis clients are synchronous)."""
+        if self._table is not None and time.monotonic() - self._checked < CHECK_EVERY_S:
+            return self._table
+        return await sync_to_async(self.refresh, thread_sensitive=False)()
+
+    def refresh(self) -> Table:
+        now = time.monotonic()
+        self._checked = now
+        version = self._version
+        try:
+            version = _redis().get(VERSION_KEY)
+            if not self.redis_ok:
+                logger.warning("Redis reachable again: routing versions are followed")
+            self.redis_ok = True
+        except redis.RedisError as exc:
+            if self.redis_ok:
+                logger.warning(
+                    "Redis unreachable (%s): routing continues on this process's table, rebuilt every %.0f s",
+                    type(exc).__name__,
+                    REBUILD_AT_LEAST_EVERY_S,
+                )
+            self.redis_ok = False
+        table = self._table
+        if table is None or now - table.built_at > REBUILD_AT_LEAST_EVERY_S or version != self._version:
+            try:
+                table = self._table = build_table()
+            finally:
+                close_old_connections()
+            self._version = version
+        return table
+
+    def candidates_in(
+        self, table: Table, capability: str, project: str
+    ) -> tuple[list[Backend], str, str | None]:
+        return self._candidates(table, capability, project)
+
+    def _candidates(
+        self, table: Table, capability: str, project: str
+    ) -> tuple[list[Backend], str, str | None]:
+        """The backends of the first tier that has any for this project; the algorithm to use; the
+        cluster name when one cluster alone serves (None: mixed, weighted round-robin)."""
+        bindings = [b for b in table.bindings.get(capability, []) if b.project in ("", project)]
+        for tier in sorted({b.tier for b in bindings}):
+            in_tier = [b for b in bindings if b.tier == tier and b.backends]
+            if not in_tier:
+                continue
+            if len(in_tier) == 1 and in_tier[0].cluster is not None:
+                return list(in_tier[0].backends), in_tier[0].algorithm, in_tier[0].cluster
+            # Candidates span clusters or include a standalone server: combining two clusters'
+            # algorithms has no principled answer, so weighted round-robin it is.
+            return [b for binding in in_tier for b in binding.backends], Algorithm.WEIGHTED_ROUND_ROBIN, None
+        return [], Algorithm.WEIGHTED_ROUND_ROBIN, None
+
+    def pick(
+        self, backends: list[Backend], algorithm: str, exclude: set[str] | None = None
+    ) -> Backend | None:
+        choices = [b for b in backends if b.key not in (exclude or set())]
+        if not choices:
+            return None
+        if algorithm == Algorithm.LEAST_CONNECTIONS:
+            return min(choices, key=lambda b: (self.in_flight.get(b.key, 0) / b.weight, -b.weight, b.key))
+        return self._smooth_wrr(choices)
+
+    def _smooth_wrr(self, choices: list[Backend]) -> Backend:
+        """nginx's smooth weighted round-robin: shares hold over short windows, no bursts."""
+        key = "|".join(sorted(b.key for b in choices))
+        with self._lock:
+            current = self._current.setdefault(key, {})
+            total = 0
+            best: Backend | None = None
+            for b in choices:
+                current[b.key] = current.get(b.key, 0) + b.weight
+                total += b.weight
+                if best is None or current[b.key] > current[best.key]:
+                    best = b
+            assert best is not None
+            current[best.key] -= total
+            return best
+
+
+def authorize(
+    table: Table, presented: str | None, capability: str | None, *, now: datetime | None = None
+) -> tuple[Grant | None, str]:
+    """The grant for ``presented`` if it may call ``capability`` (exact match), else a reason."""
+    if not presented:
+        return None, "A client credential is required: Authorization: Bearer <credential>."
+    if not presented.startswith("mfc_") or len(presented) > 200:
+        return None, "The credential is malformed."
+    wanted = digest(presented)
+    grant = table.grants.get(wanted)
+    if grant is None or not hmac.compare_digest(grant.secret_hash, wanted):
+        return None, "The credential is not known."
+    if grant.revoked:
+        return None, "The credential was revoked."
+    if grant.expires_at is not None and grant.expires_at <= (now or timezone.now()):
+        return None, "The credential has expired."
+    if capability is not None and capability not in grant.scopes:
+        # Exact: rag.embedding@1 does not grant @2; whitespace or case never widens a scope.
+        return None, f"The credential is not scoped to {capability!r}."
+    return grant, ""
+
+
+router = Router()
