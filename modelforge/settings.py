@@ -72,6 +72,12 @@ for _problem in _profile_problems:
 # weights) may run on. make run names its own node here.
 LOCAL_NODE = read.string("MODELFORGE_LOCAL_NODE")
 PLACEMENT_STRATEGY = read.choice("MODELFORGE_PLACEMENT_STRATEGY", "spread", ("spread", "pack"))
+# The gateway's sin-bin (Envoy's outlier-detection defaults; docs/CONFIGURATION.md says why).
+LB_CONSECUTIVE_FAILURES = read.integer("MODELFORGE_LB_CONSECUTIVE_FAILURES", 5, minimum=1, maximum=100)
+LB_BASE_BENCH_S = read.integer("MODELFORGE_LB_BASE_BENCH_S", 30, minimum=1, maximum=3600)
+LB_MAX_BENCH_S = read.integer("MODELFORGE_LB_MAX_BENCH_S", 300, minimum=1, maximum=86400)
+LB_CHURN_WINDOW_S = read.integer("MODELFORGE_LB_CHURN_WINDOW_S", 600, minimum=10, maximum=86400)
+LB_CHURN_THRESHOLD = read.integer("MODELFORGE_LB_CHURN_THRESHOLD", 3, minimum=2, maximum=100)
 SERVER_START_TIMEOUT = read.integer("MODELFORGE_SERVER_START_TIMEOUT", 300, minimum=5, maximum=3600)
 
 MODELFORGE_CONFIG_PROBLEMS = startup.collect_problems(

@@ -138,6 +138,8 @@ def live_web(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) ->
         MODELFORGE_BIND=f"127.0.0.1:{port}",
         MODELFORGE_WEB_WORKERS="1",
         MODELFORGE_LOG_LEVEL="INFO",
+        # Benching for seconds, not the default 30: the sin-bin tests watch backends come back.
+        MODELFORGE_LB_BASE_BENCH_S="2",
     )
     log_path = tmp_path_factory.mktemp("web") / "gunicorn.log"
     running = start_process(

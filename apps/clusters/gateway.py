@@ -21,6 +21,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from apps.clusters import codes
+from apps.clusters.lbstate import shared
 from apps.clusters.routing import Backend, authorize, router
 from modelforge.errors import INTERNAL_SERVER_ERROR_BODY
 from modelforge.errors import codes as error_codes
@@ -134,18 +135,36 @@ class Gateway:
             raise Refusal(401, codes.CAPABILITY_NOT_AUTHORIZED, why, UNAUTHORIZED_HEADERS)
         backends, algorithm, _cluster = router.candidates_in(table, capability, grant.project)
         tried: set[str] = set()
+        await shared.maybe_flush()
+        # Benched backends sit out, unless every candidate is benched: then routing goes on to them
+        # rather than to none (and the bench is logged and shown), never a total outage in silence.
+        benched = {b.key for b in backends if shared.is_benched(b.key)}
+        usable = [b for b in backends if b.key not in benched] or backends
         for _attempt in range(2):  # a request that reached no backend is retried once elsewhere
-            backend = router.pick(backends, algorithm, tried)
+            backend = router.pick(usable, algorithm, tried)
             if backend is None:
                 break
             tried.add(backend.key)
             try:
-                return await self._forward(
-                    backend, path, body, bool(request.get("stream")), send, correlation_id
+                status = await self._forward(backend, path, body, send, correlation_id)
+            except httpx.ConnectError as exc:
+                await shared.failed(
+                    backend.key, backend.name, f"connection refused ({type(exc).__name__})", len(backends)
                 )
-            except httpx.ConnectError:
                 logger.warning("backend %s refused the connection; trying another", backend.name)
                 continue
+            except httpx.TimeoutException as exc:
+                await shared.failed(
+                    backend.key, backend.name, f"timeout ({type(exc).__name__})", len(backends)
+                )
+                raise Refusal(
+                    504, codes.UPSTREAM_TIMEOUT, f"Backend {backend.name} did not answer in time."
+                ) from None
+            if status >= 500:
+                await shared.failed(backend.key, backend.name, f"HTTP {status}", len(backends))
+            else:
+                await shared.served(backend.key)
+            return status
         if not backends:
             raise Refusal(
                 503,
@@ -162,7 +181,7 @@ class Gateway:
         )
 
     async def _forward(
-        self, backend: Backend, path: str, body: bytes, stream: bool, send: Send, correlation_id: str
+        self, backend: Backend, path: str, body: bytes, send: Send, correlation_id: str
     ) -> int:
         upstream = self.client.build_request(
             "POST",
@@ -191,7 +210,6 @@ class Gateway:
                 await response.aclose()
         finally:
             router.in_flight[backend.key] -= 1
-        del stream
 
 
 async def _read_body(receive: Receive, headers: dict[str, str]) -> bytes:

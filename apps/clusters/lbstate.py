@@ -1,0 +1,233 @@
+"""Load-balancer state shared by every web process through Redis: the sin-bin, traffic counters.
+
+The data path stays lean: traffic counts accumulate in the process and are flushed to Redis once a
+second with the bench list read back in the same round trip; Redis is written per request only when a
+backend fails. If Redis is unreachable, each process carries on with its own state and says so (log,
+``redis_ok``, the dashboard) — never an error to the client.
+
+The sin-bin follows Envoy's outlier detection: MODELFORGE_LB_CONSECUTIVE_FAILURES failures in a row
+(5xx, connection errors, timeouts) bench a backend for MODELFORGE_LB_BASE_BENCH_S x the number of times
+it was benched within MODELFORGE_LB_CHURN_WINDOW_S, capped at MODELFORGE_LB_MAX_BENCH_S; it returns by
+itself when its time is up. Benched MODELFORGE_LB_CHURN_THRESHOLD times within the window raises
+``lb_sin_bin_churn``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+logger = logging.getLogger("modelforge.gateway")
+
+FLUSH_EVERY_S = 1.0
+# Traffic is counted per minute; drift compares shares over the last few minutes.
+TRAFFIC_BUCKET_S = 60
+
+BENCH_KEY = "modelforge:lb:bench"  # hash backend -> json {since, until, reason, count}
+HISTORY_KEY = "modelforge:lb:history:{key}"  # sorted set of bench times, for churn
+FAILS_KEY = "modelforge:lb:fails:{key}"
+TRAFFIC_KEY = "modelforge:lb:traffic:{bucket}"  # hash backend -> requests
+ERRORS_KEY = "modelforge:lb:errors:{bucket}"  # hash backend -> failed requests
+
+ALERT_SIN_BIN_CHURN = "lb_sin_bin_churn"
+
+
+@dataclass
+class Bench:
+    """A backend on the bench: since when, until when, why, and how many times in the window."""
+
+    since: float
+    until: float
+    reason: str
+    count: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"since": self.since, "until": self.until, "reason": self.reason, "count": self.count}
+
+
+class SharedState:
+    """One per web process."""
+
+    def __init__(self) -> None:
+        self._client: aioredis.Redis | None = None
+        self.redis_ok = True
+        self.benched: dict[str, Bench] = {}
+        self._traffic: Counter[str] = Counter()
+        self._errors: Counter[str] = Counter()
+        self._local_fails: Counter[str] = Counter()
+        self._local_history: dict[str, list[float]] = {}
+        self._flushed = 0.0
+
+    @property
+    def client(self) -> aioredis.Redis:
+        if self._client is None:
+            self._client = aioredis.Redis.from_url(
+                settings.CELERY_BROKER_URL, socket_connect_timeout=0.3, socket_timeout=0.3
+            )
+        return self._client
+
+    def is_benched(self, key: str, now: float | None = None) -> bool:
+        bench = self.benched.get(key)
+        return bench is not None and bench.until > (now or time.time())
+
+    def _redis_failed(self, exc: Exception) -> None:
+        if self.redis_ok:
+            logger.warning(
+                "Redis unreachable (%s): load-balancer state continues per process until it answers",
+                type(exc).__name__,
+            )
+        self.redis_ok = False
+
+    def _redis_back(self) -> None:
+        if not self.redis_ok:
+            logger.warning("Redis reachable again: load-balancer state is shared again")
+        self.redis_ok = True
+
+    async def served(self, key: str) -> None:
+        """A request reached the backend and was answered without a failure."""
+        self._traffic[key] += 1
+        if self._local_fails[key]:
+            self._local_fails[key] = 0
+            try:
+                await self.client.delete(FAILS_KEY.format(key=key))
+            except (redis.RedisError, OSError) as exc:
+                self._redis_failed(exc)
+        await self.maybe_flush()
+
+    async def failed(self, key: str, name: str, reason: str, candidates: int) -> None:
+        """A request to the backend failed (5xx, connection error, timeout): count, maybe bench it."""
+        self._traffic[key] += 1
+        self._errors[key] += 1
+        self._local_fails[key] += 1
+        now = time.time()
+        try:
+            fails = int(await self.client.incr(FAILS_KEY.format(key=key)))
+            await self.client.expire(FAILS_KEY.format(key=key), int(settings.LB_MAX_BENCH_S))
+            self._redis_back()
+        except (redis.RedisError, OSError) as exc:
+            self._redis_failed(exc)
+            fails = self._local_fails[key]
+        if fails < settings.LB_CONSECUTIVE_FAILURES or self.is_benched(key, now):
+            return
+        await self._bench(key, name, reason, now, candidates)
+
+    async def _bench(self, key: str, name: str, reason: str, now: float, candidates: int) -> None:
+        history = [t for t in self._local_history.get(key, []) if t > now - settings.LB_CHURN_WINDOW_S] + [
+            now
+        ]
+        try:
+            zkey = HISTORY_KEY.format(key=key)
+            await self.client.zremrangebyscore(zkey, 0, now - settings.LB_CHURN_WINDOW_S)
+            await self.client.zadd(zkey, {str(now): now})
+            await self.client.expire(zkey, int(settings.LB_CHURN_WINDOW_S))
+            count = int(await self.client.zcard(zkey))
+        except (redis.RedisError, OSError) as exc:
+            self._redis_failed(exc)
+            count = len(history)
+        self._local_history[key] = history
+        duration = min(settings.LB_BASE_BENCH_S * count, settings.LB_MAX_BENCH_S)
+        bench = Bench(
+            now,
+            now + duration,
+            f"{settings.LB_CONSECUTIVE_FAILURES} consecutive failures, last: {reason}",
+            count,
+        )
+        self.benched[key] = bench
+        self._local_fails[key] = 0
+        try:
+            await self.client.hset(BENCH_KEY, key, json.dumps(bench.as_dict()))
+            await self.client.delete(FAILS_KEY.format(key=key))
+        except (redis.RedisError, OSError) as exc:
+            self._redis_failed(exc)
+        healthy = candidates - sum(1 for k in self.benched if self.is_benched(k, now))
+        logger.warning(
+            "benched backend %s for %.0f s (%s)%s",
+            name,
+            duration,
+            bench.reason,
+            "; no healthy backend is left: routing to benched ones rather than to none"
+            if healthy <= 0
+            else "",
+        )
+        if count >= settings.LB_CHURN_THRESHOLD:
+            await sync_to_async(_raise_churn, thread_sensitive=False)(key, name, count)
+
+    async def maybe_flush(self, force: bool = False) -> None:
+        """Once a second: push traffic counts, read the bench list back (one round trip)."""
+        now = time.time()
+        if not force and now - self._flushed < FLUSH_EVERY_S:
+            return
+        self._flushed = now
+        bucket = int(now // TRAFFIC_BUCKET_S)
+        traffic, errors = self._traffic, self._errors
+        self._traffic, self._errors = Counter(), Counter()
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for key, count in traffic.items():
+                    pipe.hincrby(TRAFFIC_KEY.format(bucket=bucket), key, count)
+                for key, count in errors.items():
+                    pipe.hincrby(ERRORS_KEY.format(bucket=bucket), key, count)
+                pipe.expire(TRAFFIC_KEY.format(bucket=bucket), 3600)
+                pipe.expire(ERRORS_KEY.format(bucket=bucket), 3600)
+                pipe.hgetall(BENCH_KEY)
+                results = await pipe.execute()
+            self._redis_back()
+        except (redis.RedisError, OSError) as exc:
+            self._redis_failed(exc)
+            return
+        benched: dict[str, Bench] = {}
+        for raw_key, raw in (results[-1] or {}).items():
+            data = json.loads(raw)
+            if data["until"] > now:
+                benched[raw_key.decode() if isinstance(raw_key, bytes) else raw_key] = Bench(**data)
+        self.benched = benched
+
+
+def _raise_churn(key: str, name: str, count: int) -> None:
+    from apps.alerts.choices import Severity
+    from apps.alerts.models import Alert
+
+    Alert.objects.raise_alert(
+        ALERT_SIN_BIN_CHURN,
+        Severity.WARNING,
+        "backend",
+        key,
+        name,
+        f"Backend {name} was benched {count} times within {settings.LB_CHURN_WINDOW_S / 60:.0f} minutes: "
+        "it keeps "
+        "failing. Look at its server's log and its node; traffic goes to the other backends meanwhile.",
+    )
+
+
+def read_bench_and_traffic(minutes: int = 5) -> tuple[dict[str, Bench], Counter[str], Counter[str], bool]:
+    """For the API and dashboard: the bench list and the last ``minutes`` of traffic and errors."""
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
+    now = time.time()
+    bucket = int(now // TRAFFIC_BUCKET_S)
+    traffic: Counter[str] = Counter()
+    errors: Counter[str] = Counter()
+    try:
+        benched = {
+            (k.decode() if isinstance(k, bytes) else k): Bench(**json.loads(v))
+            for k, v in client.hgetall(BENCH_KEY).items()
+        }
+        for b in range(bucket - minutes + 1, bucket + 1):
+            for k, v in client.hgetall(TRAFFIC_KEY.format(bucket=b)).items():
+                traffic[k.decode() if isinstance(k, bytes) else k] += int(v)
+            for k, v in client.hgetall(ERRORS_KEY.format(bucket=b)).items():
+                errors[k.decode() if isinstance(k, bytes) else k] += int(v)
+    except (redis.RedisError, OSError):
+        return {}, traffic, errors, False
+    return {k: v for k, v in benched.items() if v.until > now}, traffic, errors, True
+
+
+shared = SharedState()
