@@ -11,7 +11,7 @@ NAVIGATION: list[dict[str, str | None]] = [
     {"key": "home", "label": "Overview", "url_name": "dashboard:home"},
     {"key": "nodes", "label": "Nodes", "url_name": "nodes:list"},
     {"key": "servers", "label": "Model servers", "url_name": "servers:list"},
-    {"key": "clusters", "label": "Clusters", "url_name": None},
+    {"key": "clusters", "label": "Clusters", "url_name": "clusters:list"},
     {"key": "artifacts", "label": "Artifacts", "url_name": None},
     {"key": "backups", "label": "Backups", "url_name": None},
     {"key": "migrations", "label": "Migrations", "url_name": None},

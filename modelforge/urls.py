@@ -21,6 +21,7 @@ urlpatterns = [
     path("nodes/", include("apps.nodes.urls")),
     path("alerts/", include("apps.alerts.urls")),
     path("servers/", include("apps.servers.urls")),
+    path("clusters/", include("apps.clusters.urls")),
     path("", include("apps.core.urls")),
 ]
 

@@ -9,6 +9,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.clusters.api import serializers as s
+from apps.clusters.loadbalancer import cluster_report
 from apps.clusters.models import Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
 from apps.servers.models import ModelServer
 
@@ -23,6 +24,12 @@ class ClusterViewSet(viewsets.ModelViewSet):
 
     queryset = Cluster.objects.prefetch_related("members")
     serializer_class = s.ClusterSerializer
+
+    @extend_schema(responses={200: None})
+    @action(detail=True, methods=["get"], url_path="load-balancer")
+    def load_balancer(self, request: Request, pk: Any = None) -> Response:
+        """Configured against actual share per member over the last minutes, drift, bench state."""
+        return Response(cluster_report(self.get_object()))
 
 
 class ClusterMemberViewSet(viewsets.ModelViewSet):

@@ -1,0 +1,102 @@
+"""The load-balancer card: configured against actual share, the drift badge with its reason, clearing;
+in the API and the dashboard. Counters are written to the real Redis the gateway writes to."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+from django.conf import settings
+from django.contrib.auth.models import User
+
+from apps.clusters.lbstate import BENCH_KEY, ERRORS_KEY, TRAFFIC_BUCKET_S, TRAFFIC_KEY
+from apps.clusters.tests.factories import bind, cluster_with, loopback_node, running_server
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def store():
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    bucket = int(time.time() // TRAFFIC_BUCKET_S)
+    keys = [BENCH_KEY] + [
+        k.format(bucket=b) for k in (TRAFFIC_KEY, ERRORS_KEY) for b in range(bucket - 5, bucket + 1)
+    ]
+    client.delete(*keys)
+    yield client, bucket
+    client.delete(*keys)
+
+
+@pytest.fixture
+def trio():
+    node = loopback_node()
+    a, b, c = (running_server(node, n, 9100 + i) for i, n in enumerate(("a", "b", "c")))
+    cluster = cluster_with("trio", [(a, 2), (b, 1), (c, 0)])
+    bind("chat.general@1", cluster=cluster)
+    return cluster, a, b, c
+
+
+def report(operator_client, cluster) -> dict:
+    response = operator_client.get(f"/api/v1/clusters/{cluster.pk}/load-balancer")
+    assert response.status_code == 200
+    return {m["member"]: m for m in response.json()["members"]} | {"_": response.json()}
+
+
+def test_the_badge_appears_with_its_reason_and_clears(operator_client, store, trio):
+    client, bucket = store
+    cluster, a, b, _ = trio
+    # Configured 2:1:0. Actual: b erroring and benched, so a carried nearly everything.
+    client.hset(TRAFFIC_KEY.format(bucket=bucket), mapping={str(a.pk): 190, str(b.pk): 10})
+    client.hset(ERRORS_KEY.format(bucket=bucket), mapping={str(b.pk): 6})
+    until = time.time() + 60
+    client.hset(
+        BENCH_KEY,
+        str(b.pk),
+        json.dumps(
+            {
+                "since": time.time(),
+                "until": until,
+                "reason": "5 consecutive failures, last: HTTP 502",
+                "count": 1,
+            }
+        ),
+    )
+    rows = report(operator_client, cluster)
+    assert rows["_"]["steady"] is True and rows["_"]["requests"] == 200
+    assert rows["a"]["configured_share"] == pytest.approx(2 / 3, abs=0.001)
+    assert rows["a"]["actual_share"] == 0.95 and rows["a"]["drift"] is True
+    assert rows["b"]["drift"] is True and rows["b"]["reason"].startswith("benched until")
+    assert "HTTP 502" in rows["b"]["reason"] and rows["b"]["bench"]["count"] == 1
+    assert rows["c"]["reason"] == "parked at weight 0" and rows["c"]["drift"] is False
+
+    # The backend came back and traffic follows the weights again: the badge clears.
+    client.delete(BENCH_KEY, ERRORS_KEY.format(bucket=bucket))
+    client.hset(TRAFFIC_KEY.format(bucket=bucket), mapping={str(a.pk): 134, str(b.pk): 66})
+    rows = report(operator_client, cluster)
+    assert not any(rows[m]["drift"] for m in ("a", "b", "c"))
+    assert rows["b"]["reason"] == ""
+
+
+def test_under_light_load_no_drift_is_judged(operator_client, store, trio):
+    client, bucket = store
+    cluster, a, b, _ = trio
+    client.hset(TRAFFIC_KEY.format(bucket=bucket), mapping={str(a.pk): 9, str(b.pk): 0})
+    rows = report(operator_client, cluster)
+    assert rows["_"]["steady"] is False
+    assert not rows["a"]["drift"] and not rows["b"]["drift"]
+
+
+def test_mixed_routing_is_said_and_the_card_renders(client, operator_client, store, trio):
+    redis_client, bucket = store
+    cluster, a, b, c = trio
+    bind("chat.general@1", server=c, weight=1)
+    assert report(operator_client, cluster)["_"]["effective_algorithm"] == "weighted_round_robin"
+    redis_client.hset(TRAFFIC_KEY.format(bucket=bucket), mapping={str(a.pk): 190, str(b.pk): 10})
+    client.force_login(User.objects.create_user("ops", is_staff=True))
+    page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    assert 'id="load-balancer"' in page and "drift-badge" in page
+    assert "routed by weighted round-robin" in page
+    listing = client.get("/clusters/").content.decode()
+    assert "trio" in listing and "chat.general@1" in listing

@@ -1,0 +1,9 @@
+from django.urls import path
+
+from apps.clusters import views
+
+app_name = "clusters"
+urlpatterns = [
+    path("", views.cluster_list, name="list"),
+    path("<int:pk>/", views.cluster_detail, name="detail"),
+]
