@@ -1,0 +1,261 @@
+"""Gateway benchmark: the gateway against calling the backend directly, on this machine.
+
+    python bench/gateway/run.py [--seconds 8] [--conns 8,32,64] [--workloads embeddings,chat,stream]
+
+A throw-away PostgreSQL 16 + Redis, one backend (bench/gateway/backend.py under uvicorn) registered as a
+running model server in a cluster serving rag.embedding@1 and chat.general@1, a client credential, and
+the web application under gunicorn (1 uvicorn worker). Backend and gateway are pinned to core 0, wrk
+to core 1, so "gateway" rows are backend + gateway sharing one core. For each workload and connection
+count: requests/s, p50/p99 latency (wrk; for streams, to the last chunk), the gateway's own CPU per
+request (from /proc), and the time to the first streamed chunk (a separate sequential client).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import PYTHON, ROOT, free_port, throwaway_stack
+
+HERE = Path(__file__).resolve().parent
+TICKS = os.sysconf("SC_CLK_TCK")
+BODIES = {
+    "embeddings": ("/v1/embeddings", {"model": "rag.embedding@1", "input": "The quick brown fox."}),
+    "chat": (
+        "/v1/chat/completions",
+        {"model": "chat.general@1", "messages": [{"role": "user", "content": "Hi"}]},
+    ),
+    "stream": (
+        "/v1/chat/completions",
+        {"model": "chat.general@1", "stream": True, "messages": [{"role": "user", "content": "Hi"}]},
+    ),
+}
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / TICKS
+
+
+def group_pids(leader: int) -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and _pgid(int(p)) == leader]
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def wait_http(url: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} did not answer")
+
+
+def wrk(url: str, body: dict, auth: str, conns: int, seconds: int) -> dict:
+    env = {**os.environ, "BENCH_BODY": json.dumps(body), "BENCH_AUTH": auth}
+    out = subprocess.run(
+        [
+            "taskset",
+            "-c",
+            "1",
+            "wrk",
+            "-t1",
+            f"-c{conns}",
+            f"-d{seconds}s",
+            "--timeout",
+            "5s",
+            "-s",
+            str(HERE / "post.lua"),
+            url,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
+
+
+def first_chunk_ms(url: str, body: dict, auth: str, count: int = 50) -> float:
+    headers = {"Authorization": f"Bearer {auth}"} if auth else {}
+    samples = []
+    with httpx.Client(timeout=10) as client:
+        for _ in range(count):
+            started = time.perf_counter()
+            with client.stream("POST", url, json=body, headers=headers) as response:
+                first = None
+                for _chunk in response.iter_raw():
+                    if first is None:
+                        first = (time.perf_counter() - started) * 1000
+                samples.append(first or 0.0)
+    return statistics.median(samples)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=int, default=8)
+    parser.add_argument("--conns", default="8,32,64")
+    parser.add_argument("--workloads", default="embeddings,chat,stream")
+    args = parser.parse_args()
+    conns = [int(c) for c in args.conns.split(",")]
+    workloads = args.workloads.split(",")
+    processes: list[subprocess.Popen[bytes]] = []
+    with throwaway_stack() as (_workdir, env):
+        from django.utils import timezone
+
+        from apps.clusters.models import Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
+        from apps.nodes.models import Node, digest
+        from apps.servers.models import ModelServer
+
+        backend_port, gateway_port = free_port(), free_port()
+        node = Node.objects.create(
+            name="bench",
+            accelerator="cpu",
+            credential_hash=digest("bench"),
+            liveness="online",
+            last_heartbeat_at=timezone.now() + timezone.timedelta(days=1),
+            agent_url="http://127.0.0.1:1",
+        )
+        server = ModelServer.objects.create(
+            name="bench", profile="test-echo", model="bench", node=node, port=backend_port, state="running"
+        )
+        cluster = Cluster.objects.create(name="bench")
+        ClusterMember.objects.create(cluster=cluster, name="bench", server=server)
+        for name in ("rag.embedding@1", "chat.general@1"):
+            RoutingTier.objects.create(capability=Capability.objects.create(name=name), cluster=cluster)
+        _, key = ClientCredential.objects.mint(name="bench", scopes=["rag.embedding@1", "chat.general@1"])
+        try:
+            backend = subprocess.Popen(
+                [
+                    "taskset",
+                    "-c",
+                    "0",
+                    PYTHON,
+                    "-m",
+                    "uvicorn",
+                    "backend:app",
+                    "--port",
+                    str(backend_port),
+                    "--loop",
+                    "uvloop",
+                    "--http",
+                    "httptools",
+                    "--log-level",
+                    "warning",
+                    "--no-access-log",
+                ],
+                cwd=HERE,
+                env=env,
+                start_new_session=True,
+            )
+            processes.append(backend)
+            gateway = subprocess.Popen(
+                [
+                    "taskset",
+                    "-c",
+                    "0",
+                    PYTHON,
+                    "-m",
+                    "gunicorn",
+                    "-c",
+                    "python:modelforge.gunicorn_conf",
+                    "modelforge.asgi:application",
+                ],
+                cwd=ROOT,
+                env={
+                    **env,
+                    "MODELFORGE_BIND": f"127.0.0.1:{gateway_port}",
+                    "MODELFORGE_WEB_WORKERS": "1",
+                    "MODELFORGE_LOG_LEVEL": "WARNING",
+                },
+                start_new_session=True,
+            )
+            processes.append(gateway)
+            wait_http(f"http://127.0.0.1:{backend_port}/health")
+            wait_http(f"http://127.0.0.1:{gateway_port}/healthz")
+            direct, through = f"http://127.0.0.1:{backend_port}", f"http://127.0.0.1:{gateway_port}"
+            path, body = BODIES["embeddings"]
+            wrk(through + path, body, key, 8, 2)  # warm-up: pools, routing table, prepared state
+            rows = []
+            for workload in workloads:
+                path, body = BODIES[workload]
+                for n in conns:
+                    result = {}
+                    for target, base, auth in (("direct", direct, ""), ("gateway", through, key)):
+                        before = cpu_seconds(group_pids(gateway.pid))
+                        measured = wrk(base + path, body, auth, n, args.seconds)
+                        used = cpu_seconds(group_pids(gateway.pid)) - before
+                        result[target] = (measured, used)
+                    d, (g, g_cpu) = result["direct"][0], result["gateway"]
+                    rps_d = d["requests"] / d["seconds"]
+                    rps_g = g["requests"] / g["seconds"]
+                    rows.append(
+                        (
+                            workload,
+                            n,
+                            rps_d,
+                            rps_g,
+                            d["p50_us"],
+                            g["p50_us"],
+                            d["p99_us"],
+                            g["p99_us"],
+                            g_cpu / max(g["requests"], 1) * 1e6,
+                            d["errors"] + g["errors"],
+                        )
+                    )
+            print(
+                "| workload | conns | direct rps | gateway rps | direct p50 | gateway p50 | added p50 | "
+                "gateway p99 | gateway CPU/req | errors |"
+            )
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+            for w, n, rd, rg, pd, pg, _qd, qg, cpu, errs in rows:
+                print(
+                    f"| {w} | {n} | {rd:,.0f} | {rg:,.0f} | {pd / 1000:.2f} ms | {pg / 1000:.2f} ms | "
+                    f"{(pg - pd) / 1000:+.2f} ms | {qg / 1000:.2f} ms | {cpu:,.0f} µs | {errs} |"
+                )
+            if "stream" in workloads:
+                path, body = BODIES["stream"]
+                ttfc_d = first_chunk_ms(direct + path, body, "")
+                ttfc_g = first_chunk_ms(through + path, body, key)
+                print(
+                    f"\ntime to first chunk (median of 50, sequential): direct {ttfc_d:.2f} ms, "
+                    f"gateway {ttfc_g:.2f} ms, added {ttfc_g - ttfc_d:+.2f} ms"
+                )
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGTERM)
+                    process.wait(20)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
