@@ -89,6 +89,7 @@ MODELFORGE_CONFIG_PROBLEMS = startup.collect_problems(
     operator_api_key=OPERATOR_API_KEY,
     cluster_secret=CLUSTER_SECRET,
     liveness=(HEARTBEAT_INTERVAL, NODE_STALE_AFTER, NODE_OFFLINE_AFTER),
+    lb_bench=(LB_BASE_BENCH_S, LB_MAX_BENCH_S),
     database=_database,
     redis_url=REDIS_URL,
 )

@@ -62,6 +62,7 @@ def collect_problems(
     redis_url: str | None,
     cluster_secret: str | None = None,
     liveness: tuple[int, int, int] = (10, 35, 90),
+    lb_bench: tuple[int, int] | None = None,
 ) -> list[Problem]:
     """Every configuration problem: those found while parsing, then the rules spanning settings.
 
@@ -136,6 +137,13 @@ def collect_problems(
             INVALID_SETTING,
             "MODELFORGE_NODE_OFFLINE_AFTER",
             f"{offline_after} s must be greater than MODELFORGE_NODE_STALE_AFTER ({stale_after} s)",
+        )
+    if lb_bench is not None and lb_bench[1] < lb_bench[0]:
+        read.problem(
+            INVALID_SETTING,
+            "MODELFORGE_LB_MAX_BENCH_S",
+            f"{lb_bench[1]} s is shorter than MODELFORGE_LB_BASE_BENCH_S ({lb_bench[0]} s); "
+            "the cap must be at least the base bench time",
         )
     if debug and production:
         read.problem(

@@ -41,6 +41,10 @@ def problems_for(env: dict[str, str], *, production: bool = True) -> list[tuple[
             read.integer("MODELFORGE_NODE_STALE_AFTER", 35),
             read.integer("MODELFORGE_NODE_OFFLINE_AFTER", 90),
         ),
+        lb_bench=(
+            read.integer("MODELFORGE_LB_BASE_BENCH_S", 30),
+            read.integer("MODELFORGE_LB_MAX_BENCH_S", 300),
+        ),
     )
     return [(p.code, p.setting) for p in problems]
 
@@ -217,3 +221,8 @@ def test_a_stale_limit_under_three_intervals_would_flap_nodes_and_is_refused():
 def test_offline_must_come_after_stale():
     env = good_production_env(MODELFORGE_NODE_STALE_AFTER="60", MODELFORGE_NODE_OFFLINE_AFTER="60")
     assert problems_for(env) == [(INVALID_SETTING, "MODELFORGE_NODE_OFFLINE_AFTER")]
+
+
+def test_a_bench_cap_shorter_than_the_base_is_refused():
+    env = good_production_env(MODELFORGE_LB_BASE_BENCH_S="60", MODELFORGE_LB_MAX_BENCH_S="30")
+    assert problems_for(env) == [(INVALID_SETTING, "MODELFORGE_LB_MAX_BENCH_S")]

@@ -3,7 +3,9 @@
     python -m agent.engines.echo --port 9000 --model NAME
 
 ``GET /health``, ``GET /v1/models``, ``POST /v1/embeddings`` (a deterministic 8-dimensional vector per
-input, derived from its SHA-256) and ``POST /v1/chat/completions`` (echoes the last user message). It is
+input, derived from its SHA-256) and ``POST /v1/chat/completions`` (echoes the last user message, or
+streams it word by word with ``"stream": true``). An input containing ``__status_NNN__`` is answered
+with that status, so tests can make a backend fail on purpose. It is
 what the ``test-echo`` runtime profile launches, so placement, remote starts, stops and routing can be
 exercised with a real process and real HTTP on any machine.
 """
@@ -87,6 +89,12 @@ def make_handler(model: str) -> type[BaseHTTPRequestHandler]:
                 request = json.loads(self.rfile.read(length) or b"{}")
             except ValueError:
                 self._json(400, {"error": {"message": "body is not JSON"}})
+                return
+            # A test engine can be asked to fail: input "__status_500__" (or any status) answers with it.
+            trigger = json.dumps(request.get("input", ""))
+            if "__status_" in trigger:
+                status = int(trigger.split("__status_", 1)[1].split("__", 1)[0])
+                self._json(status, {"error": {"message": f"asked to fail with {status}"}})
                 return
             if self.path == "/v1/embeddings":
                 inputs = request.get("input", [])

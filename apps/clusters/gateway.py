@@ -154,21 +154,39 @@ class Gateway:
             tried.add(backend.key)
             try:
                 status = await self._forward(backend, path, body, send, correlation_id)
-            except aiohttp.ClientConnectorError as exc:
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                # Nothing reached the backend: count it, and try another once.
                 await shared.failed(
-                    backend.key, backend.name, f"connection refused ({type(exc).__name__})", len(backends)
+                    backend.key, backend.name, f"no connection ({type(exc).__name__})", backends
                 )
-                logger.warning("backend %s refused the connection; trying another", backend.name)
+                logger.warning("backend %s could not be reached; trying another", backend.name)
                 continue
+            except BackendAnswered as exc:
+                if exc.status >= 500:
+                    await shared.failed(backend.key, backend.name, f"HTTP {exc.status}", backends)
+                    raise Refusal(
+                        502,
+                        codes.UPSTREAM_FAILED,
+                        f"Backend {backend.name} failed (HTTP {exc.status}): {exc.message}",
+                    ) from None
+                await shared.served(backend.key)
+                raise Refusal(
+                    exc.status,
+                    codes.UPSTREAM_REJECTED,
+                    f"Backend {backend.name} refused the request: {exc.message}",
+                ) from None
             except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-                await shared.failed(
-                    backend.key, backend.name, f"timeout ({type(exc).__name__})", len(backends)
-                )
+                await shared.failed(backend.key, backend.name, f"timeout ({type(exc).__name__})", backends)
                 raise Refusal(
                     504, codes.UPSTREAM_TIMEOUT, f"Backend {backend.name} did not answer in time."
                 ) from None
+            except aiohttp.ClientError as exc:
+                await shared.failed(backend.key, backend.name, type(exc).__name__, backends)
+                raise Refusal(
+                    502, codes.UPSTREAM_FAILED, f"Backend {backend.name} failed ({type(exc).__name__})."
+                ) from None
             if status >= 500:
-                await shared.failed(backend.key, backend.name, f"HTTP {status}", len(backends))
+                await shared.failed(backend.key, backend.name, "failed mid-response", backends)
             else:
                 await shared.served(backend.key)
             return status
@@ -190,26 +208,64 @@ class Gateway:
     async def _forward(
         self, backend: Backend, path: str, body: bytes, send: Send, correlation_id: str
     ) -> int:
+        """Proxy one request. A backend error becomes the envelope (the backend's message kept); a
+        success streams through chunk by chunk, never buffered."""
         router.in_flight[backend.key] = router.in_flight.get(backend.key, 0) + 1
+        started = False
         try:
             async with self.session.post(
                 backend.url + path,
                 data=body,
                 headers={"content-type": "application/json", "x-correlation-id": correlation_id},
             ) as response:
+                if response.status >= 400:
+                    text = await response.text(errors="replace")
+                    raise BackendAnswered(response.status, _backend_message(text))
                 headers = [
                     (b"content-type", response.headers.get("content-type", "application/json").encode()),
                     (b"x-correlation-id", correlation_id.encode()),
                     (b"x-modelforge-backend", backend.name.encode()),
                 ]
                 await send({"type": "http.response.start", "status": response.status, "headers": headers})
-                # Chunk by chunk, never buffered: a streamed completion reaches the client as it is made.
+                started = True
                 async for chunk in response.content.iter_any():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return response.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            if not started:
+                raise
+            # Mid-stream: the status is sent, so the client sees a cut-off body; say so in the log.
+            logger.warning(
+                "backend %s failed mid-response (%s); the client got a truncated body",
+                backend.name,
+                type(exc).__name__,
+            )
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return 599
         finally:
             router.in_flight[backend.key] -= 1
+
+
+class BackendAnswered(Exception):
+    """The backend answered with an error status before anything was sent to the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def _backend_message(text: str) -> str:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text[:300]
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error["message"][:300]
+    if isinstance(data, dict) and isinstance(data.get("message"), str):
+        return data["message"][:300]
+    return text[:300]
 
 
 async def _read_body(receive: Receive, headers: dict[str, str]) -> bytes:

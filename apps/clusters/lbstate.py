@@ -103,7 +103,7 @@ class SharedState:
                 self._redis_failed(exc)
         await self.maybe_flush()
 
-    async def failed(self, key: str, name: str, reason: str, candidates: int) -> None:
+    async def failed(self, key: str, name: str, reason: str, candidates: list[Any]) -> None:
         """A request to the backend failed (5xx, connection error, timeout): count, maybe bench it."""
         self._traffic[key] += 1
         self._errors[key] += 1
@@ -120,7 +120,7 @@ class SharedState:
             return
         await self._bench(key, name, reason, now, candidates)
 
-    async def _bench(self, key: str, name: str, reason: str, now: float, candidates: int) -> None:
+    async def _bench(self, key: str, name: str, reason: str, now: float, candidates: list[Any]) -> None:
         history = [t for t in self._local_history.get(key, []) if t > now - settings.LB_CHURN_WINDOW_S] + [
             now
         ]
@@ -148,7 +148,7 @@ class SharedState:
             await self.client.delete(FAILS_KEY.format(key=key))
         except (redis.RedisError, OSError) as exc:
             self._redis_failed(exc)
-        healthy = candidates - sum(1 for k in self.benched if self.is_benched(k, now))
+        healthy = sum(1 for candidate in candidates if not self.is_benched(candidate.key, now))
         logger.warning(
             "benched backend %s for %.0f s (%s)%s",
             name,

@@ -169,3 +169,27 @@ def test_the_scope_table(live_web, routed):
     assert call(good, "rag.embedding@1").status_code == 200
     # A project-bound credential reaches only unbound tiers and its own project's.
     assert call(other_project, "rag.embedding@1").status_code == 200
+
+
+def test_backend_errors_reach_the_client_as_the_envelope(live_web, routed):
+    key = credential(["rag.embedding@1"])
+    wait_for_route(live_web, key)
+
+    def call(text: str) -> httpx.Response:
+        return httpx.post(
+            live_web.url + "/v1/embeddings",
+            json={"model": "rag.embedding@1", "input": text},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=10,
+        )
+
+    failed = call("__status_500__")
+    assert failed.status_code == 502
+    assert set(failed.json()) == {"code", "message", "correlation_id"}
+    assert failed.json()["code"] == "UPSTREAM_FAILED" and "asked to fail with 500" in failed.json()["message"]
+    rejected = call("__status_422__")
+    assert rejected.status_code == 422
+    assert (
+        rejected.json()["code"] == "UPSTREAM_REJECTED"
+        and "asked to fail with 422" in rejected.json()["message"]
+    )
