@@ -210,7 +210,7 @@ class Gateway:
     ) -> int:
         """Proxy one request. A backend error becomes the envelope (the backend's message kept); a
         success streams through chunk by chunk, never buffered."""
-        router.in_flight[backend.key] = router.in_flight.get(backend.key, 0) + 1
+        shared.in_flight[backend.key] += 1
         started = False
         try:
             async with self.session.post(
@@ -244,7 +244,7 @@ class Gateway:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return 599
         finally:
-            router.in_flight[backend.key] -= 1
+            shared.in_flight[backend.key] -= 1
 
 
 class BackendAnswered(Exception):

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -37,6 +39,10 @@ HISTORY_KEY = "modelforge:lb:history:{key}"  # sorted set of bench times, for ch
 FAILS_KEY = "modelforge:lb:fails:{key}"
 TRAFFIC_KEY = "modelforge:lb:traffic:{bucket}"  # hash backend -> requests
 ERRORS_KEY = "modelforge:lb:errors:{bucket}"  # hash backend -> failed requests
+
+INFLIGHT_KEY = "modelforge:lb:inflight:{process}"  # hash backend -> requests in flight, per process
+PROCESSES_KEY = "modelforge:lb:processes"  # sorted set of live processes by last flush
+PROCESS_TTL_S = 5.0
 
 ALERT_SIN_BIN_CHURN = "lb_sin_bin_churn"
 
@@ -66,6 +72,9 @@ class SharedState:
         self._local_fails: Counter[str] = Counter()
         self._local_history: dict[str, list[float]] = {}
         self._flushed = 0.0
+        self.process_id = f"{socket.gethostname()}:{os.getpid()}"
+        self.in_flight: Counter[str] = Counter()
+        self.others_in_flight: Counter[str] = Counter()
 
     @property
     def client(self) -> aioredis.Redis:
@@ -178,11 +187,28 @@ class SharedState:
                     pipe.hincrby(ERRORS_KEY.format(bucket=bucket), key, count)
                 pipe.expire(TRAFFIC_KEY.format(bucket=bucket), 3600)
                 pipe.expire(ERRORS_KEY.format(bucket=bucket), 3600)
+                # This process's in-flight counts, for least-connections across processes.
+                mine = INFLIGHT_KEY.format(process=self.process_id)
+                pipe.delete(mine)
+                live: dict[Any, Any] = {k: v for k, v in self.in_flight.items() if v > 0}
+                if live:
+                    pipe.hset(mine, mapping=live)
+                pipe.expire(mine, int(PROCESS_TTL_S))
+                pipe.zadd(PROCESSES_KEY, {self.process_id: now})
+                pipe.zremrangebyscore(PROCESSES_KEY, 0, now - PROCESS_TTL_S)
+                pipe.zrange(PROCESSES_KEY, 0, -1)
                 pipe.hgetall(BENCH_KEY)
                 results = await pipe.execute()
+                others = [p.decode() if isinstance(p, bytes) else p for p in results[-2]]
+                others = [p for p in others if p != self.process_id]
+                async with self.client.pipeline(transaction=False) as read:
+                    for process in others:
+                        read.hgetall(INFLIGHT_KEY.format(process=process))
+                    counts = await read.execute() if others else []
             self._redis_back()
         except (redis.RedisError, OSError) as exc:
             self._redis_failed(exc)
+            self.others_in_flight = Counter()
             return
         benched: dict[str, Bench] = {}
         for raw_key, raw in (results[-1] or {}).items():
@@ -190,6 +216,16 @@ class SharedState:
             if data["until"] > now:
                 benched[raw_key.decode() if isinstance(raw_key, bytes) else raw_key] = Bench(**data)
         self.benched = benched
+        totals: Counter[str] = Counter()
+        for mapping in counts:
+            for k, v in (mapping or {}).items():
+                totals[k.decode() if isinstance(k, bytes) else k] += int(v)
+        self.others_in_flight = totals
+
+    def in_flight_estimate(self, key: str) -> int:
+        """Requests in flight to ``key`` across every web process: this one's now, the others' as of
+        their last flush (at most a second or two old)."""
+        return self.in_flight.get(key, 0) + self.others_in_flight.get(key, 0)
 
 
 def _raise_churn(key: str, name: str, count: int) -> None:

@@ -171,7 +171,6 @@ class Router:
         self._checked = 0.0
         self._lock = threading.Lock()
         self._current: dict[str, dict[str, int]] = {}  # smooth WRR state per candidate set
-        self.in_flight: dict[str, int] = {}
         self.redis_ok = True
 
     async def table(self) -> Table:
@@ -236,7 +235,9 @@ class Router:
         if not choices:
             return None
         if algorithm == Algorithm.LEAST_CONNECTIONS:
-            return min(choices, key=lambda b: (self.in_flight.get(b.key, 0) / b.weight, -b.weight, b.key))
+            from apps.clusters.lbstate import shared
+
+            return min(choices, key=lambda b: (shared.in_flight_estimate(b.key) / b.weight, -b.weight, b.key))
         return self._smooth_wrr(choices)
 
     def _smooth_wrr(self, choices: list[Backend]) -> Backend:

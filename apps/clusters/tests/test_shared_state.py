@@ -1,0 +1,73 @@
+"""Load-balancer state across web processes through the real Redis, and without it."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+import redis
+from django.conf import settings
+
+from apps.clusters.lbstate import BENCH_KEY, SharedState
+
+
+@pytest.fixture
+def clean_redis():
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    client.delete(BENCH_KEY, "modelforge:lb:processes", "modelforge:lb:fails:b1")
+    yield client
+    client.delete(BENCH_KEY, "modelforge:lb:processes", "modelforge:lb:fails:b1")
+
+
+def two_processes() -> tuple[SharedState, SharedState]:
+    first, second = SharedState(), SharedState()
+    first.process_id, second.process_id = "host:1", "host:2"
+    return first, second
+
+
+def test_in_flight_counts_are_seen_by_every_process(clean_redis):
+    first, second = two_processes()
+    first.in_flight["b1"] = 7
+
+    async def flush_both() -> None:
+        await first.maybe_flush(force=True)
+        await second.maybe_flush(force=True)
+
+    asyncio.run(flush_both())
+    assert second.in_flight_estimate("b1") == 7  # least-connections in process 2 sees process 1's load
+    second.in_flight["b1"] = 2
+    assert second.in_flight_estimate("b1") == 9
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_bench_decided_in_one_process_is_honoured_by_another(clean_redis, settings):
+    first, second = two_processes()
+    backend = SimpleNamespace(key="b1")
+
+    async def fail_five_then_flush() -> None:
+        for _ in range(settings.LB_CONSECUTIVE_FAILURES):
+            await first.failed("b1", "pool/b1", "HTTP 502", [backend, SimpleNamespace(key="b2")])
+        await second.maybe_flush(force=True)
+
+    asyncio.run(fail_five_then_flush())
+    assert first.is_benched("b1") and second.is_benched("b1")
+    assert "HTTP 502" in second.benched["b1"].reason
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_redis_each_process_carries_on_alone_and_says_so(settings, caplog):
+    settings.CELERY_BROKER_URL = "redis://127.0.0.1:1/0"
+    alone = SharedState()
+    backend = SimpleNamespace(key="b1")
+
+    async def run() -> None:
+        await alone.served("b1")
+        await alone.maybe_flush(force=True)
+        for _ in range(settings.LB_CONSECUTIVE_FAILURES):
+            await alone.failed("b1", "pool/b1", "connection refused", [backend])
+
+    asyncio.run(run())
+    assert alone.redis_ok is False
+    assert alone.is_benched("b1")  # the sin-bin still works, per process
+    assert any("Redis unreachable" in r.getMessage() for r in caplog.records)
