@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import URLPattern, URLResolver, include, path
 from drf_spectacular.views import SpectacularAPIView
 
-from modelforge import health, openapi  # openapi registers the schema extensions
+from modelforge import health, metrics, openapi  # openapi registers the schema extensions
 
 api_patterns: list[URLPattern | URLResolver] = [
     path("", include("apps.core.api.urls")),
@@ -16,6 +16,7 @@ api_patterns: list[URLPattern | URLResolver] = [
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics.metrics, name="metrics"),
     path("api/v1/", include((api_patterns, "api"))),
     path("admin/", admin.site.urls),
     path("nodes/", include("apps.nodes.urls")),

@@ -106,3 +106,17 @@ def test_the_schema_declares_the_error_envelope_on_every_operation(operator_clie
 
 def test_the_schema_needs_operator_credentials(anonymous_client):
     assert anonymous_client.get("/api/v1/schema/").status_code == 401
+
+
+def test_metrics_need_an_operator_and_expose_the_platform_state(operator_client, anonymous_client):
+    assert anonymous_client.get("/metrics").status_code == 401
+    response = operator_client.get("/metrics")
+    assert response.status_code == 200
+    text = response.content.decode()
+    assert "modelforge_lb_redis_reachable 1.0" in text
+    assert "# TYPE modelforge_nodes gauge" in text and "modelforge_alerts_open" in text
+
+
+def test_metrics_say_when_redis_is_unreachable(operator_client, settings):
+    settings.CELERY_BROKER_URL = "redis://127.0.0.1:1/0"
+    assert "modelforge_lb_redis_reachable 0.0" in operator_client.get("/metrics").content.decode()
