@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -20,6 +21,12 @@ def clean_redis():
     client.delete(BENCH_KEY, "modelforge:lb:processes", "modelforge:lb:fails:b1")
 
 
+def run(coroutine_function) -> None:
+    """Run a coroutine in a thread of its own: a session fixture (Playwright) may hold this thread's loop."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, coroutine_function()).result()
+
+
 def two_processes() -> tuple[SharedState, SharedState]:
     first, second = SharedState(), SharedState()
     first.process_id, second.process_id = "host:1", "host:2"
@@ -34,7 +41,7 @@ def test_in_flight_counts_are_seen_by_every_process(clean_redis):
         await first.maybe_flush(force=True)
         await second.maybe_flush(force=True)
 
-    asyncio.run(flush_both())
+    run(flush_both)
     assert second.in_flight_estimate("b1") == 7  # least-connections in process 2 sees process 1's load
     second.in_flight["b1"] = 2
     assert second.in_flight_estimate("b1") == 9
@@ -50,7 +57,7 @@ def test_a_bench_decided_in_one_process_is_honoured_by_another(clean_redis, sett
             await first.failed("b1", "pool/b1", "HTTP 502", [backend, SimpleNamespace(key="b2")])
         await second.maybe_flush(force=True)
 
-    asyncio.run(fail_five_then_flush())
+    run(fail_five_then_flush)
     assert first.is_benched("b1") and second.is_benched("b1")
     assert "HTTP 502" in second.benched["b1"].reason
 
@@ -61,13 +68,13 @@ def test_without_redis_each_process_carries_on_alone_and_says_so(settings, caplo
     alone = SharedState()
     backend = SimpleNamespace(key="b1")
 
-    async def run() -> None:
+    async def carry_on() -> None:
         await alone.served("b1")
         await alone.maybe_flush(force=True)
         for _ in range(settings.LB_CONSECUTIVE_FAILURES):
             await alone.failed("b1", "pool/b1", "connection refused", [backend])
 
-    asyncio.run(run())
+    run(carry_on)
     assert alone.redis_ok is False
     assert alone.is_benched("b1")  # the sin-bin still works, per process
     assert any("Redis unreachable" in r.getMessage() for r in caplog.records)
