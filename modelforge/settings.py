@@ -261,6 +261,7 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-node-liveness": {"task": "nodes.sweep_liveness", "schedule": float(LIVENESS_SWEEP_INTERVAL)},
     "ping-online-nodes": {"task": "nodes.ping_online_nodes", "schedule": 60.0},
     "reconcile-servers": {"task": "servers.reconcile", "schedule": 30.0},
+    "clear-settled-churn": {"task": "clusters.clear_settled_churn", "schedule": 60.0},
 }
 
 # --- Logging --------------------------------------------------------------------------------------------

@@ -267,3 +267,23 @@ def read_bench_and_traffic(minutes: int = 5) -> tuple[dict[str, Bench], Counter[
 
 
 shared = SharedState()
+
+
+def clear_settled_churn() -> int:
+    """Clear ``lb_sin_bin_churn`` for backends no longer benched often (fewer than the threshold within
+    the window). Runs from beat; returns how many alerts were cleared."""
+    from apps.alerts.models import Alert
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
+    now = time.time()
+    settled = []
+    for alert in Alert.objects.open().filter(code=ALERT_SIN_BIN_CHURN):
+        try:
+            recent = client.zcount(
+                HISTORY_KEY.format(key=alert.subject_id), now - settings.LB_CHURN_WINDOW_S, now
+            )
+        except (redis.RedisError, OSError):
+            return 0  # no verdict without the history: leave them open
+        if int(recent) < settings.LB_CHURN_THRESHOLD:
+            settled.append(alert.dedup_key)
+    return Alert.objects.clear(settled)

@@ -38,6 +38,12 @@ def cluster_report(cluster: Cluster) -> dict[str, Any]:
     total = sum(traffic.get(k, 0) for k in keys.values())
     steady = total >= STEADY_MIN_REQUESTS
     now = time.time()
+    # Members whose traffic others pick up: benched, erroring, or parked.
+    troubled = {
+        m.name
+        for m in attached
+        if m.weight == 0 or benched.get(keys[m.pk]) is not None or errors.get(keys[m.pk], 0)
+    }
     rows = []
     for member in members:
         key = keys.get(member.pk)
@@ -56,7 +62,9 @@ def cluster_report(cluster: Cluster) -> dict[str, Any]:
                 f"benched until {time.strftime('%H:%M:%S', time.gmtime(bench.until))} UTC: {bench.reason}"
             )
         elif failed:
-            reason = f"erroring: {failed} failed request(s) in the window (benched for part of it)"
+            reason = f"erroring: {failed} failed request(s) in the window"
+        elif drift and actual is not None and actual > configured and troubled:
+            reason = f"carrying the share of {', '.join(sorted(troubled))} (benched, erroring or parked)"
         elif drift:
             reason = "no known reason: at capacity, or requests of very different cost"
         else:

@@ -16,9 +16,10 @@ from apps.clusters.lbstate import BENCH_KEY, SharedState
 @pytest.fixture
 def clean_redis():
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    client.delete(BENCH_KEY, "modelforge:lb:processes", "modelforge:lb:fails:b1")
+    keys = (BENCH_KEY, "modelforge:lb:processes", "modelforge:lb:fails:b1", "modelforge:lb:history:b1")
+    client.delete(*keys)
     yield client
-    client.delete(BENCH_KEY, "modelforge:lb:processes", "modelforge:lb:fails:b1")
+    client.delete(*keys)
 
 
 def run(coroutine_function) -> None:
@@ -78,3 +79,21 @@ def test_without_redis_each_process_carries_on_alone_and_says_so(settings, caplo
     assert alone.redis_ok is False
     assert alone.is_benched("b1")  # the sin-bin still works, per process
     assert any("Redis unreachable" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_churn_clears_once_benching_has_settled(clean_redis, settings):
+    from apps.alerts.models import Alert
+    from apps.clusters.lbstate import HISTORY_KEY, clear_settled_churn
+
+    Alert.objects.raise_alert("lb_sin_bin_churn", "warning", "backend", "b1", "pool/b1", "benched 3 times")
+    history = HISTORY_KEY.format(key="b1")
+    now = __import__("time").time()
+    clean_redis.zadd(history, {str(now - i): now - i for i in range(3)})
+    try:
+        assert clear_settled_churn() == 0  # still benched three times within the window
+        clean_redis.zremrangebyscore(history, now - 1.5, now)  # the recent ones age out
+        assert clear_settled_churn() == 1
+        assert not Alert.objects.open().filter(code="lb_sin_bin_churn").exists()
+    finally:
+        clean_redis.delete(history)
