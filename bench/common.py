@@ -62,3 +62,48 @@ def throwaway_stack() -> Iterator[tuple[Path, dict[str, str]]]:
             connections.close_all()
         stack.destroy()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def start_web(
+    env: dict[str, str], port: int, *, workers: int = 1, pin_core: str | None = "0", new_session: bool = True
+) -> subprocess.Popen[bytes]:
+    """The web application under gunicorn + uvicorn workers on 127.0.0.1:``port`` (pinned to a core)."""
+    argv = [PYTHON, "-m", "gunicorn", "-c", "python:modelforge.gunicorn_conf", "modelforge.asgi:application"]
+    if pin_core is not None:
+        argv = ["taskset", "-c", pin_core, *argv]
+    return subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env={
+            **env,
+            "MODELFORGE_BIND": f"127.0.0.1:{port}",
+            "MODELFORGE_WEB_WORKERS": str(workers),
+            "MODELFORGE_LOG_LEVEL": env.get("MODELFORGE_LOG_LEVEL", "WARNING"),
+        },
+        start_new_session=new_session,
+    )
+
+
+def route_to_one_backend(host: str, port: int) -> None:
+    """rag.embedding@1 and chat.general@1 served by one running 'server' at host:port (no agent)."""
+    from django.utils import timezone
+
+    from apps.clusters.models import Capability, Cluster, ClusterMember, RoutingTier, digest
+    from apps.nodes.models import Node
+    from apps.servers.models import ModelServer
+
+    node = Node.objects.create(
+        name="bench",
+        accelerator="cpu",
+        credential_hash=digest("bench-node"),
+        liveness="online",
+        last_heartbeat_at=timezone.now() + timezone.timedelta(days=1),
+        agent_url=f"http://{host}:1",
+    )
+    server = ModelServer.objects.create(
+        name="bench", profile="test-echo", model="bench", node=node, port=port, state="running"
+    )
+    cluster = Cluster.objects.create(name="bench")
+    ClusterMember.objects.create(cluster=cluster, name="bench", server=server)
+    for name in ("rag.embedding@1", "chat.general@1"):
+        RoutingTier.objects.create(capability=Capability.objects.create(name=name), cluster=cluster)

@@ -12,12 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import msgspec
-from django.conf import settings
 from django.utils import timezone
 
 from apps.clusters import codes
@@ -25,12 +23,11 @@ from apps.clusters.lbstate import shared
 from apps.clusters.routing import Backend, authorize, router
 from modelforge.errors import INTERNAL_SERVER_ERROR_BODY
 from modelforge.errors import codes as error_codes
+from modelforge.lean import BodyTooLarge, Receive, Send, read_bounded_body
 from modelforge.logging import accept_or_generate, set_correlation_id
 
 logger = logging.getLogger("modelforge.gateway")
 
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 PREFIX = "/v1/"
 FORWARDED = {"/v1/embeddings", "/v1/chat/completions", "/v1/completions"}
@@ -269,18 +266,10 @@ def _backend_message(text: str) -> str:
 
 
 async def _read_body(receive: Receive, headers: dict[str, str]) -> bytes:
-    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    declared = headers.get("content-length", "")
-    if declared and (not declared.isdigit() or int(declared) > limit):
-        raise Refusal(413, error_codes.PAYLOAD_TOO_LARGE, error_codes.DEFAULT_MESSAGES[413])
-    body = bytearray()
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if len(body) > limit:
-            raise Refusal(413, error_codes.PAYLOAD_TOO_LARGE, error_codes.DEFAULT_MESSAGES[413])
-        if not message.get("more_body"):
-            return bytes(body)
+    try:
+        return await read_bounded_body(receive, headers)
+    except BodyTooLarge:
+        raise Refusal(413, error_codes.PAYLOAD_TOO_LARGE, error_codes.DEFAULT_MESSAGES[413]) from None
 
 
 async def _send_json(

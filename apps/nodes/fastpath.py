@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from django.conf import settings
@@ -22,14 +21,13 @@ from apps.nodes import codes
 from apps.nodes.heartbeat import HEARTBEAT_SQL, InvalidReport, heartbeat_params, parse_report
 from modelforge.errors import INTERNAL_SERVER_ERROR_BODY
 from modelforge.errors import codes as error_codes
+from modelforge.lean import BodyTooLarge, Receive, Send, read_bounded_body
 from modelforge.logging import accept_or_generate, set_correlation_id
 
 logger = logging.getLogger("modelforge.request")
 error_logger = logging.getLogger("modelforge.errors")
 
 PATH = "/api/v1/agent/heartbeat"
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 def _conninfo() -> dict[str, Any]:
@@ -108,10 +106,6 @@ class HeartbeatEndpoint:
             return _error(
                 405, error_codes.METHOD_NOT_ALLOWED, "Only POST is allowed here.", {"Allow": "POST"}
             )
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        declared = headers.get("content-length", "")
-        if declared and (not declared.isdigit() or int(declared) > limit):
-            return _error(413, error_codes.PAYLOAD_TOO_LARGE, error_codes.DEFAULT_MESSAGES[413])
         if not headers.get("content-type", "").startswith("application/json"):
             return _error(415, error_codes.UNSUPPORTED_MEDIA_TYPE, error_codes.DEFAULT_MESSAGES[415])
         scheme, _, credential = headers.get("authorization", "").partition(" ")
@@ -124,16 +118,12 @@ class HeartbeatEndpoint:
                 "A node credential is required: Authorization: Bearer <credential>.",
                 unauthorized,
             )
-        body = bytearray()
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if len(body) > limit:
-                return _error(413, error_codes.PAYLOAD_TOO_LARGE, error_codes.DEFAULT_MESSAGES[413])
-            if not message.get("more_body"):
-                break
         try:
-            report = parse_report(bytes(body))
+            body = await read_bounded_body(receive, headers)
+        except BodyTooLarge:
+            return _error(413, error_codes.PAYLOAD_TOO_LARGE, error_codes.DEFAULT_MESSAGES[413])
+        try:
+            report = parse_report(body)
         except InvalidReport as exc:
             return _error(400, exc.code, exc.message)
         try:

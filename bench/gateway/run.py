@@ -26,7 +26,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import PYTHON, ROOT, free_port, throwaway_stack
+from common import PYTHON, free_port, route_to_one_backend, start_web, throwaway_stack
 
 HERE = Path(__file__).resolve().parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -129,28 +129,10 @@ def main() -> int:
     workloads = args.workloads.split(",")
     processes: list[subprocess.Popen[bytes]] = []
     with throwaway_stack() as (_workdir, env):
-        from django.utils import timezone
-
-        from apps.clusters.models import Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
-        from apps.nodes.models import Node, digest
-        from apps.servers.models import ModelServer
+        from apps.clusters.models import ClientCredential
 
         backend_port, gateway_port = free_port(), free_port()
-        node = Node.objects.create(
-            name="bench",
-            accelerator="cpu",
-            credential_hash=digest("bench"),
-            liveness="online",
-            last_heartbeat_at=timezone.now() + timezone.timedelta(days=1),
-            agent_url="http://127.0.0.1:1",
-        )
-        server = ModelServer.objects.create(
-            name="bench", profile="test-echo", model="bench", node=node, port=backend_port, state="running"
-        )
-        cluster = Cluster.objects.create(name="bench")
-        ClusterMember.objects.create(cluster=cluster, name="bench", server=server)
-        for name in ("rag.embedding@1", "chat.general@1"):
-            RoutingTier.objects.create(capability=Capability.objects.create(name=name), cluster=cluster)
+        route_to_one_backend("127.0.0.1", backend_port)
         _, key = ClientCredential.objects.mint(name="bench", scopes=["rag.embedding@1", "chat.general@1"])
         try:
             backend = subprocess.Popen(
@@ -177,27 +159,7 @@ def main() -> int:
                 start_new_session=True,
             )
             processes.append(backend)
-            gateway = subprocess.Popen(
-                [
-                    "taskset",
-                    "-c",
-                    "0",
-                    PYTHON,
-                    "-m",
-                    "gunicorn",
-                    "-c",
-                    "python:modelforge.gunicorn_conf",
-                    "modelforge.asgi:application",
-                ],
-                cwd=ROOT,
-                env={
-                    **env,
-                    "MODELFORGE_BIND": f"127.0.0.1:{gateway_port}",
-                    "MODELFORGE_WEB_WORKERS": "1",
-                    "MODELFORGE_LOG_LEVEL": "WARNING",
-                },
-                start_new_session=True,
-            )
+            gateway = start_web(env, gateway_port)
             processes.append(gateway)
             wait_http(f"http://127.0.0.1:{backend_port}/health")
             wait_http(f"http://127.0.0.1:{gateway_port}/healthz")

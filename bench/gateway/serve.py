@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import PYTHON, ROOT, throwaway_stack
+from common import route_to_one_backend, start_web, throwaway_stack
 
 
 def main() -> int:
@@ -34,62 +33,16 @@ def main() -> int:
     args = parser.parse_args()
     upstream = urlsplit(args.upstream)
     with throwaway_stack() as (_workdir, env):
-        from django.utils import timezone
+        from apps.clusters.models import ClientCredential, digest
 
-        from apps.clusters.models import (
-            Capability,
-            ClientCredential,
-            Cluster,
-            ClusterMember,
-            RoutingTier,
-            digest,
-        )
-        from apps.nodes.models import Node
-        from apps.servers.models import ModelServer
-
-        node = Node.objects.create(
-            name="upstream",
-            accelerator="cpu",
-            credential_hash=digest("upstream"),
-            liveness="online",
-            last_heartbeat_at=timezone.now() + timezone.timedelta(days=1),
-            agent_url=f"http://{upstream.hostname}:1",
-        )
-        server = ModelServer.objects.create(
-            name="upstream",
-            profile="test-echo",
-            model="upstream",
-            node=node,
-            port=upstream.port,
-            state="running",
-        )
-        cluster = Cluster.objects.create(name="bench")
-        ClusterMember.objects.create(cluster=cluster, name="upstream", server=server)
-        for name in ("rag.embedding@1", "chat.general@1"):
-            RoutingTier.objects.create(capability=Capability.objects.create(name=name), cluster=cluster)
+        route_to_one_backend(upstream.hostname or "127.0.0.1", upstream.port or 80)
         ClientCredential.objects.create(
             name="bench",
             display_prefix=args.key[:12],
             secret_hash=digest(args.key),
             scopes=["chat.general@1", "rag.embedding@1"],
         )
-        gunicorn = subprocess.Popen(
-            [
-                PYTHON,
-                "-m",
-                "gunicorn",
-                "-c",
-                "python:modelforge.gunicorn_conf",
-                "modelforge.asgi:application",
-            ],
-            cwd=ROOT,
-            env={
-                **env,
-                "MODELFORGE_BIND": f"127.0.0.1:{args.port}",
-                "MODELFORGE_WEB_WORKERS": "1",
-                "MODELFORGE_LOG_LEVEL": "WARNING",
-            },
-        )
+        gunicorn = start_web(env, args.port, pin_core=None, new_session=False)
         signal.signal(signal.SIGTERM, lambda *_: gunicorn.terminate())
         return gunicorn.wait()
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import PYTHON, ROOT, free_port, throwaway_stack
+from common import free_port, start_web, throwaway_stack
 
 GIB = 2**30
 
@@ -97,27 +97,7 @@ def main() -> int:
         connection.close()
 
         port = free_port()
-        web_env = {
-            **env,
-            "MODELFORGE_BIND": f"127.0.0.1:{port}",
-            "MODELFORGE_WEB_WORKERS": str(args.web_workers),
-        }
-        web = subprocess.Popen(
-            [
-                "taskset",
-                "-c",
-                "0",
-                PYTHON,
-                "-m",
-                "gunicorn",
-                "-c",
-                "python:modelforge.gunicorn_conf",
-                "modelforge.asgi:application",
-            ],
-            cwd=ROOT,
-            env=web_env,
-            start_new_session=True,
-        )
+        web = start_web(env, port, workers=args.web_workers)
         deadline = time.monotonic() + 60
         while True:
             try:
