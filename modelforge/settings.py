@@ -78,6 +78,16 @@ LB_BASE_BENCH_S = read.integer("MODELFORGE_LB_BASE_BENCH_S", 30, minimum=1, maxi
 LB_MAX_BENCH_S = read.integer("MODELFORGE_LB_MAX_BENCH_S", 300, minimum=1, maximum=86400)
 LB_CHURN_WINDOW_S = read.integer("MODELFORGE_LB_CHURN_WINDOW_S", 600, minimum=10, maximum=86400)
 LB_CHURN_THRESHOLD = read.integer("MODELFORGE_LB_CHURN_THRESHOLD", 3, minimum=2, maximum=100)
+# Artifacts: the control plane's store and the supply-chain policy
+# (docs/security/MODEL_SUPPLY_CHAIN_POLICY.md).
+ARTIFACT_STORE = Path(read.string("MODELFORGE_ARTIFACT_STORE", str(MODELFORGE_HOME / "artifacts")) or "")
+ARTIFACT_ALLOWED_SOURCES = read.csv("MODELFORGE_ARTIFACT_ALLOWED_SOURCES", ["local", "http", "huggingface"])
+ARTIFACT_ALLOWED_HOSTS = read.csv("MODELFORGE_ARTIFACT_ALLOWED_HOSTS", [])
+ARTIFACT_ALLOW_PICKLE = read.boolean("MODELFORGE_ARTIFACT_ALLOW_PICKLE", False)
+ARTIFACT_MAX_BYTES = read.integer("MODELFORGE_ARTIFACT_MAX_BYTES", 200 * 2**30, minimum=1)
+ARTIFACT_REQUIRE_LICENCE = read.boolean("MODELFORGE_ARTIFACT_REQUIRE_LICENCE", False)
+ARTIFACT_TIMEOUT_S = read.integer("MODELFORGE_ARTIFACT_TIMEOUT_S", 30, minimum=1, maximum=3600)
+ARTIFACT_HF_ENDPOINT = read.string("MODELFORGE_ARTIFACT_HF_ENDPOINT", "https://huggingface.co") or ""
 SERVER_START_TIMEOUT = read.integer("MODELFORGE_SERVER_START_TIMEOUT", 300, minimum=5, maximum=3600)
 
 MODELFORGE_CONFIG_PROBLEMS = startup.collect_problems(
@@ -112,6 +122,7 @@ INSTALLED_APPS = [
     "apps.nodes",
     "apps.servers",
     "apps.clusters",
+    "apps.artifacts",
 ]
 
 MIDDLEWARE = [

@@ -10,6 +10,7 @@ api_patterns: list[URLPattern | URLResolver] = [
     path("", include("apps.alerts.api.urls")),
     path("", include("apps.servers.api.urls")),
     path("", include("apps.clusters.api.urls")),
+    path("", include("apps.artifacts.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
 ]
 

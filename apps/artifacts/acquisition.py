@@ -1,0 +1,277 @@
+"""Acquiring an artifact into the control plane's store, and the supply-chain checks that gate it.
+
+Transfers are bounded (size, time), resumable (HTTP ``Range`` from a ``.part`` file) and verified (every
+file's SHA-256 recorded). A source that cannot be reached from here is reported, not hung on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from django.conf import settings
+from django.utils import timezone
+
+from apps.artifacts import codes
+from apps.artifacts.models import Artifact, ArtifactState, SourceKind
+from modelforge.errors import ApiError
+
+logger = logging.getLogger(__name__)
+
+CHUNK = 1 << 20
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+HF_REVISION = re.compile(r"^[0-9a-f]{40}$")
+
+
+class SourceUnreachable(Exception):
+    """The upstream could not be reached or read; the message says what was tried."""
+
+
+def store_dir(artifact: Artifact) -> Path:
+    return Path(settings.ARTIFACT_STORE) / str(artifact.pk)
+
+
+def _progress(artifact: Artifact, done: int) -> None:
+    Artifact.objects.filter(pk=artifact.pk).update(progress_bytes=done)
+
+
+def _copy_local(artifact: Artifact, target: Path) -> None:
+    source = Path(artifact.locator)
+    if not source.exists():
+        raise SourceUnreachable(f"{source} does not exist (is the path mounted here?)")
+    files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
+    done = 0
+    for path in files:
+        relative = path.name if source.is_file() else str(path.relative_to(source))
+        destination = target / relative
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("rb") as reader, destination.open("wb") as writer:
+            for block in iter(lambda: reader.read(CHUNK), b""):
+                writer.write(block)
+                done += len(block)
+                if done > settings.ARTIFACT_MAX_BYTES:
+                    raise SourceUnreachable(
+                        f"larger than MODELFORGE_ARTIFACT_MAX_BYTES ({settings.ARTIFACT_MAX_BYTES})"
+                    )
+        _progress(artifact, done)
+
+
+def _download(artifact: Artifact, url: str, target: Path) -> None:
+    """One file over HTTP(S), resumed from its ``.part`` file when the server honours ``Range``."""
+    name = Path(urlsplit(url).path).name or "download"
+    destination = target / name
+    partial = destination.with_name(destination.name + ".part")
+    have = partial.stat().st_size if partial.exists() else 0
+    headers = {"Range": f"bytes={have}-"} if have else {}
+    timeout = httpx.Timeout(settings.ARTIFACT_TIMEOUT_S, connect=min(10.0, settings.ARTIFACT_TIMEOUT_S))
+    try:
+        with httpx.stream("GET", url, headers=headers, timeout=timeout, follow_redirects=True) as response:
+            if response.status_code == 416 and have:
+                pass  # already complete
+            elif response.status_code not in (200, 206):
+                raise SourceUnreachable(f"GET {url} answered {response.status_code}")
+            else:
+                mode = "ab" if response.status_code == 206 else "wb"
+                done = have if mode == "ab" else 0
+                with partial.open(mode) as writer:
+                    for block in response.iter_bytes(CHUNK):
+                        writer.write(block)
+                        done += len(block)
+                        if done > settings.ARTIFACT_MAX_BYTES:
+                            raise SourceUnreachable(
+                                f"larger than MODELFORGE_ARTIFACT_MAX_BYTES ({settings.ARTIFACT_MAX_BYTES})"
+                            )
+                        _progress(artifact, done)
+    except httpx.HTTPError as exc:
+        raise SourceUnreachable(f"GET {url} failed: {type(exc).__name__}") from exc
+    partial.rename(destination)
+
+
+def _hf_url(artifact: Artifact) -> str:
+    return f"{settings.ARTIFACT_HF_ENDPOINT.rstrip('/')}/{artifact.locator}/resolve/{artifact.revision}/"
+
+
+def fetch(artifact: Artifact, target: Path) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    if artifact.source_kind == SourceKind.LOCAL:
+        _copy_local(artifact, target)
+    elif artifact.source_kind == SourceKind.HTTP:
+        _download(artifact, artifact.locator, target)
+    else:
+        # A repository at an exact revision: its file list comes from the hub's API.
+        hub = settings.ARTIFACT_HF_ENDPOINT.rstrip("/")
+        api = f"{hub}/api/models/{artifact.locator}/revision/{artifact.revision}"
+        try:
+            listing = httpx.get(api, timeout=min(10.0, settings.ARTIFACT_TIMEOUT_S)).json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise SourceUnreachable(
+                f"the hub at {settings.ARTIFACT_HF_ENDPOINT} cannot be reached from here "
+                f"({type(exc).__name__})"
+            ) from exc
+        for sibling in listing.get("siblings", []):
+            _download(artifact, _hf_url(artifact) + sibling["rfilename"], target)
+
+
+def digests(root: Path) -> Iterator[dict[str, Any]]:
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        sha = hashlib.sha256()
+        with path.open("rb") as reader:
+            for block in iter(lambda: reader.read(CHUNK), b""):
+                sha.update(block)
+        yield {"path": str(path.relative_to(root)), "size": path.stat().st_size, "sha256": sha.hexdigest()}
+
+
+def detect_format(files: list[dict[str, Any]]) -> str:
+    names = [f["path"] for f in files]
+    gguf = [n for n in names if n.endswith(".gguf")]
+    if gguf:
+        return "gguf_file" if len(names) == 1 else "gguf_directory"
+    if any(n.endswith(PICKLE_SUFFIXES) for n in names):
+        return "pickle"
+    if any(n.endswith(".safetensors") for n in names):
+        return "safetensors_directory"
+    return "unknown"
+
+
+def run_checks(artifact: Artifact) -> list[dict[str, str]]:
+    """Every supply-chain rule, in order, with its outcome: pass, fail, skipped, or
+    DEFERRED_EXTERNAL_VALIDATION (a check that needs an outside service: never a pass)."""
+    checks: list[dict[str, str]] = []
+
+    def record(rule: str, outcome: str, detail: str) -> None:
+        checks.append({"rule": rule, "outcome": outcome, "detail": detail})
+
+    allowed = settings.ARTIFACT_ALLOWED_SOURCES
+    host = urlsplit(artifact.locator).hostname if artifact.source_kind == SourceKind.HTTP else None
+    if artifact.source_kind not in allowed:
+        record(
+            codes.RULE_ALLOWED_SOURCE,
+            "fail",
+            f"source kind {artifact.source_kind} is not in "
+            f"MODELFORGE_ARTIFACT_ALLOWED_SOURCES ({', '.join(allowed)})",
+        )
+    elif host and settings.ARTIFACT_ALLOWED_HOSTS and host not in settings.ARTIFACT_ALLOWED_HOSTS:
+        record(codes.RULE_ALLOWED_SOURCE, "fail", f"host {host} is not in MODELFORGE_ARTIFACT_ALLOWED_HOSTS")
+    else:
+        record(codes.RULE_ALLOWED_SOURCE, "pass", f"{artifact.source_kind} source")
+    if artifact.source_kind == SourceKind.HUGGINGFACE and not HF_REVISION.match(artifact.revision):
+        record(
+            codes.RULE_REVISION_PINNED, "fail", "a Hugging Face source needs an exact 40-hex commit revision"
+        )
+    else:
+        record(codes.RULE_REVISION_PINNED, "pass", artifact.revision or "the source itself is the identity")
+    recorded = {f["path"]: f["sha256"] for f in artifact.files}
+    if artifact.expected_sha256:
+        wrong = [p for p, sha in artifact.expected_sha256.items() if recorded.get(p) != sha]
+        if wrong:
+            record(codes.RULE_DIGEST_MATCH, "fail", "SHA-256 does not match for: " + ", ".join(sorted(wrong)))
+        else:
+            record(codes.RULE_DIGEST_MATCH, "pass", f"{len(artifact.expected_sha256)} file(s) match")
+    elif artifact.source_kind == SourceKind.HUGGINGFACE:
+        record(
+            codes.RULE_DIGEST_MATCH,
+            codes.DEFERRED_EXTERNAL_VALIDATION,
+            "the hub's digests could not be consulted from here",
+        )
+    else:
+        record(
+            codes.RULE_DIGEST_MATCH,
+            "skipped",
+            "no expected digests given; the recorded ones are the identity",
+        )
+    if artifact.format == "pickle" and not settings.ARTIFACT_ALLOW_PICKLE:
+        record(
+            codes.RULE_FORMAT_ALLOWED,
+            "fail",
+            "pickle-based weights can run code when loaded; set "
+            "MODELFORGE_ARTIFACT_ALLOW_PICKLE=true only if you trust the source",
+        )
+    else:
+        record(codes.RULE_FORMAT_ALLOWED, "pass", artifact.format)
+    if artifact.size_bytes > settings.ARTIFACT_MAX_BYTES:
+        record(codes.RULE_SIZE_BOUNDS, "fail", f"{artifact.size_bytes} bytes > {settings.ARTIFACT_MAX_BYTES}")
+    else:
+        record(codes.RULE_SIZE_BOUNDS, "pass", f"{artifact.size_bytes} bytes")
+    if settings.ARTIFACT_REQUIRE_LICENCE and not artifact.licence:
+        record(
+            codes.RULE_LICENCE_REQUIRED,
+            "fail",
+            "MODELFORGE_ARTIFACT_REQUIRE_LICENCE is on; record the licence",
+        )
+    else:
+        record(codes.RULE_LICENCE_REQUIRED, "pass", artifact.licence or "not required")
+    return checks
+
+
+def judge(artifact: Artifact, checks: list[dict[str, str]], *, by: str = "", detail: str = "") -> None:
+    """Ready when no rule failed; otherwise quarantined with the first rule that failed."""
+    failed = [c for c in checks if c["outcome"] == "fail"]
+    if failed:
+        artifact.set_state(
+            ArtifactState.QUARANTINED,
+            f"{failed[0]['rule']}: {failed[0]['detail']}",
+            checks=checks,
+            quarantine_rule=failed[0]["rule"],
+        )
+    else:
+        artifact.set_state(
+            ArtifactState.READY, detail or "every check passed", checks=checks, quarantine_rule=""
+        )
+    if by:
+        artifact.events.filter(pk=artifact.events.first().pk).update(by=by)  # type: ignore[union-attr]
+
+
+def acquire(artifact: Artifact) -> None:
+    """Fetch into the store, record every file's digest, run the checks; report an unreachable source."""
+    target = store_dir(artifact)
+    artifact.set_state(
+        ArtifactState.ACQUIRING, f"from {artifact.source_kind} {artifact.locator}", store_path=str(target)
+    )
+    try:
+        fetch(artifact, target)
+    except SourceUnreachable as exc:
+        artifact.set_state(
+            ArtifactState.FAILED, str(exc), failure_code=codes.SOURCE_UNREACHABLE, failure_message=str(exc)
+        )
+        return
+    files = list(digests(target))
+    artifact.files = files
+    artifact.size_bytes = sum(f["size"] for f in files)
+    artifact.format = detect_format(files)
+    artifact.acquired_at = timezone.now()
+    artifact.save(update_fields=["files", "size_bytes", "format", "acquired_at"])
+    judge(artifact, run_checks(artifact))
+
+
+def release(artifact: Artifact, *, by: str, reason: str) -> Artifact:
+    """An operator's explicit decision, recorded with who and why, and a fresh pass of the checks over
+    freshly hashed files: quarantine is not a staging area to empty."""
+    if artifact.state != ArtifactState.QUARANTINED:
+        raise ApiError(codes.ARTIFACT_NOT_QUARANTINED, f"Artifact {artifact.name} is {artifact.state}.", 409)
+    if not reason.strip():
+        raise ApiError("VALIDATION_ERROR", "Say why it may be released (reason).", 400)
+    artifact.events.create(
+        from_state=artifact.state, to_state=artifact.state, by=by, detail=f"release requested: {reason}"
+    )
+    artifact.files = list(digests(Path(artifact.store_path)))
+    artifact.save(update_fields=["files"])
+    judge(artifact, run_checks(artifact), by=by, detail=f"released by {by}: {reason}")
+    if artifact.state == ArtifactState.QUARANTINED:
+        raise ApiError(
+            codes.ARTIFACT_QUARANTINED,
+            f"Artifact {artifact.name} stays in quarantine: {artifact.quarantine_rule} still fails "
+            f"({next(c['detail'] for c in artifact.checks if c['outcome'] == 'fail')}).",
+            409,
+        )
+    return artifact
+
+
+def discard(artifact: Artifact) -> None:
+    shutil.rmtree(store_dir(artifact), ignore_errors=True)

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from apps.artifacts.models import Artifact, ArtifactEvent
+
+
+class ArtifactEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ArtifactEvent
+        fields = ["from_state", "to_state", "at", "by", "detail"]
+
+
+class ArtifactSerializer(serializers.ModelSerializer):
+    events = ArtifactEventSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Artifact
+        fields = [
+            "id",
+            "name",
+            "source_kind",
+            "locator",
+            "revision",
+            "expected_sha256",
+            "licence",
+            "encrypted",
+            "state",
+            "format",
+            "files",
+            "size_bytes",
+            "progress_bytes",
+            "checks",
+            "quarantine_rule",
+            "failure_code",
+            "failure_message",
+            "created_at",
+            "acquired_at",
+            "events",
+        ]
+        read_only_fields = [
+            "state",
+            "format",
+            "files",
+            "size_bytes",
+            "progress_bytes",
+            "checks",
+            "quarantine_rule",
+            "failure_code",
+            "failure_message",
+            "created_at",
+            "acquired_at",
+            "events",
+        ]
+
+    def validate_expected_sha256(self, value: Any) -> dict[str, str]:
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and len(v) == 64 for k, v in value.items()
+        ):
+            raise serializers.ValidationError("Give {relative path: 64-hex sha256}.")
+        return value
+
+
+class ReleaseSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=1000)

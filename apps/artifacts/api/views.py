@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.artifacts import acquisition
+from apps.artifacts.api.serializers import ArtifactSerializer, ReleaseSerializer
+from apps.artifacts.models import Artifact, ArtifactState
+from apps.artifacts.tasks import acquire
+
+
+class ArtifactViewSet(
+    mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
+    """Artifacts: requested with their upstream identity, acquired by a worker (progress in
+    ``progress_bytes``), checked; a failed check quarantines with the rule; release is an operator's
+    recorded decision and a fresh pass of the checks."""
+
+    queryset = Artifact.objects.prefetch_related("events")
+    serializer_class = ArtifactSerializer
+    filterset_fields = ["state", "source_kind"]
+
+    def perform_create(self, serializer: Any) -> None:
+        artifact = serializer.save()
+        transaction.on_commit(lambda: acquire.delay(artifact.pk))
+
+    @extend_schema(request=ReleaseSerializer, responses=ArtifactSerializer)
+    @action(detail=True, methods=["post"])
+    def release(self, request: Request, pk: Any = None) -> Response:
+        data = ReleaseSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        artifact = acquisition.release(
+            self.get_object(),
+            by=str(getattr(request.user, "username", request.user)),
+            reason=data.validated_data["reason"],
+        )
+        return Response(ArtifactSerializer(artifact).data)
+
+    @extend_schema(request=None, responses={202: ArtifactSerializer})
+    @action(detail=True, methods=["post"])
+    def retry(self, request: Request, pk: Any = None) -> Response:
+        artifact = self.get_object()
+        if artifact.state != ArtifactState.FAILED:
+            return Response(ArtifactSerializer(artifact).data, status=status.HTTP_200_OK)
+        transaction.on_commit(lambda: acquire.delay(artifact.pk))
+        return Response(ArtifactSerializer(artifact).data, status=status.HTTP_202_ACCEPTED)

@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class ArtifactsConfig(AppConfig):
+    """Artifacts: model weights with an upstream identity, supply-chain checks and quarantine."""
+
+    name = "apps.artifacts"
+    label = "artifacts"
+    default_auto_field = "django.db.models.BigAutoField"

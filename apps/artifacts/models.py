@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+from django.utils import timezone
+
+
+class SourceKind(models.TextChoices):
+    LOCAL = "local", "Local or NFS path"
+    HTTP = "http", "HTTP(S) URL"
+    HUGGINGFACE = "huggingface", "Hugging Face repository at a revision"
+
+
+class ArtifactState(models.TextChoices):
+    REQUESTED = "requested", "Requested"
+    ACQUIRING = "acquiring", "Acquiring"
+    READY = "ready", "Ready"
+    QUARANTINED = "quarantined", "Quarantined"
+    FAILED = "failed", "Failed"
+
+
+class Artifact(models.Model):
+    """Model weights with their recorded upstream identity and the digests of every file."""
+
+    name = models.CharField(max_length=100, unique=True)
+    source_kind = models.CharField(max_length=16, choices=SourceKind.choices)
+    locator = models.CharField(max_length=1000, help_text="Path, URL, or Hugging Face repo id.")
+    revision = models.CharField(max_length=100, blank=True, help_text="The exact upstream revision.")
+    expected_sha256 = models.JSONField(
+        default=dict, blank=True, help_text="{relative path: sha256} to match."
+    )
+    licence = models.CharField(max_length=100, blank=True)
+    encrypted = models.BooleanField(default=False)
+    state = models.CharField(max_length=16, choices=ArtifactState.choices, default=ArtifactState.REQUESTED)
+    format = models.CharField(max_length=32, blank=True)
+    files = models.JSONField(default=list, blank=True, help_text="[{path, size, sha256}] as acquired.")
+    size_bytes = models.BigIntegerField(default=0)
+    progress_bytes = models.BigIntegerField(default=0)
+    store_path = models.CharField(max_length=1000, blank=True)
+    checks = models.JSONField(
+        default=list, blank=True, help_text="[{rule, outcome, detail}] of the last pass."
+    )
+    quarantine_rule = models.CharField(max_length=64, blank=True)
+    failure_code = models.CharField(max_length=64, blank=True)
+    failure_message = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    acquired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def set_state(self, state: str, detail: str = "", **fields: Any) -> None:
+        """Record a state change and its event row."""
+        before = self.state
+        self.state = state
+        for key, value in fields.items():
+            setattr(self, key, value)
+        self.save(update_fields=["state", *fields])
+        ArtifactEvent.objects.create(artifact=self, from_state=before, to_state=state, detail=detail[:1000])
+
+
+class ArtifactEvent(models.Model):
+    """A state change of an artifact, or an operator's decision about it (who and why)."""
+
+    artifact = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="events")
+    from_state = models.CharField(max_length=16)
+    to_state = models.CharField(max_length=16)
+    at = models.DateTimeField(default=timezone.now)
+    by = models.CharField(max_length=150, blank=True)
+    detail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.artifact_id} {self.from_state}->{self.to_state}"

@@ -1,0 +1,196 @@
+"""Acquisition from a real HTTP server on 127.0.0.1 and from a local path, digests recorded; the
+supply-chain rules; quarantine released only by an operator's recorded decision and a clean re-check."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Iterator
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from apps.artifacts import acquisition
+from apps.artifacts.models import Artifact
+
+pytestmark = pytest.mark.django_db
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture(autouse=True)
+def store(settings, tmp_path):
+    settings.ARTIFACT_STORE = tmp_path / "store"
+    return settings.ARTIFACT_STORE
+
+
+@pytest.fixture
+def http_root(tmp_path) -> Iterator[tuple[Path, str]]:
+    """A real HTTP server (stdlib, with Range support via our handler) serving a folder on 127.0.0.1."""
+    root = tmp_path / "served"
+    root.mkdir()
+
+    class RangeHandler(SimpleHTTPRequestHandler):
+        def send_head(self):
+            ranged = self.headers.get("Range")
+            path = Path(self.translate_path(self.path))
+            if not ranged or not path.is_file():
+                return super().send_head()
+            start = int(ranged.split("=", 1)[1].split("-", 1)[0])
+            data = path.read_bytes()
+            self.send_response(206)
+            self.send_header("Content-Length", str(len(data) - start))
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            self.end_headers()
+            import io
+
+            return io.BytesIO(data[start:])
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(RangeHandler, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def artifact(**fields) -> Artifact:
+    return Artifact.objects.create(**{"name": "a", **fields})
+
+
+def test_an_http_artifact_is_acquired_with_its_digest(http_root):
+    root, base = http_root
+    data = b"GGUF" + b"\x00" * 5000
+    (root / "tiny.gguf").write_bytes(data)
+    item = artifact(source_kind="http", locator=f"{base}/tiny.gguf", expected_sha256={"tiny.gguf": sha(data)})
+    acquisition.acquire(item)
+    item.refresh_from_db()
+    assert item.state == "ready", item.checks
+    assert item.files == [{"path": "tiny.gguf", "size": len(data), "sha256": sha(data)}]
+    assert item.format == "gguf_file" and item.progress_bytes == len(data)
+    assert {c["rule"]: c["outcome"] for c in item.checks}["DIGEST_MATCH"] == "pass"
+
+
+def test_an_interrupted_download_resumes_from_its_part_file(http_root, store):
+    root, base = http_root
+    data = bytes(range(256)) * 400
+    (root / "w.safetensors").write_bytes(data)
+    item = artifact(source_kind="http", locator=f"{base}/w.safetensors")
+    target = Path(store) / str(item.pk)
+    target.mkdir(parents=True)
+    (target / "w.safetensors.part").write_bytes(data[:30000])  # what an interrupted transfer left
+    acquisition.acquire(item)
+    item.refresh_from_db()
+    assert item.state == "ready"
+    assert item.files[0]["sha256"] == sha(data)
+
+
+def test_a_local_directory_is_acquired_file_by_file(tmp_path):
+    source = tmp_path / "model"
+    (source / "sub").mkdir(parents=True)
+    (source / "model.safetensors").write_bytes(b"weights")
+    (source / "sub" / "config.json").write_bytes(b"{}")
+    item = artifact(source_kind="local", locator=str(source), licence="apache-2.0")
+    acquisition.acquire(item)
+    item.refresh_from_db()
+    assert item.state == "ready"
+    assert [f["path"] for f in item.files] == ["model.safetensors", "sub/config.json"]
+    assert item.format == "safetensors_directory"
+
+
+def test_a_tampered_file_is_quarantined_naming_the_rule_and_release_needs_a_clean_recheck(tmp_path):
+    source = tmp_path / "m"
+    source.mkdir()
+    (source / "model.safetensors").write_bytes(b"tampered weights")
+    item = artifact(
+        source_kind="local", locator=str(source), expected_sha256={"model.safetensors": sha(b"weights")}
+    )
+    acquisition.acquire(item)
+    item.refresh_from_db()
+    assert item.state == "quarantined" and item.quarantine_rule == "DIGEST_MATCH"
+    assert "model.safetensors" in next(c["detail"] for c in item.checks if c["rule"] == "DIGEST_MATCH")
+
+    # An operator cannot wave it through: the checks run again and still fail.
+    from modelforge.errors import ApiError
+
+    with pytest.raises(ApiError) as caught:
+        acquisition.release(item, by="alice", reason="looks fine to me")
+    assert caught.value.code == "ARTIFACT_QUARANTINED" and "DIGEST_MATCH" in caught.value.message
+    assert item.events.filter(by="alice", detail__contains="looks fine to me").exists()
+
+    # The real file restored in the store: the release is recorded with who and why, and passes.
+    Path(item.store_path, "model.safetensors").write_bytes(b"weights")
+    released = acquisition.release(item, by="alice", reason="restored the verified file from backup")
+    assert released.state == "ready"
+    assert released.events.filter(to_state="ready", by="alice").exists()
+
+
+def test_pickle_weights_are_quarantined_unless_allowed(tmp_path, settings):
+    source = tmp_path / "p"
+    source.mkdir()
+    (source / "pytorch_model.bin").write_bytes(b"\x80\x04pickle")
+    item = artifact(source_kind="local", locator=str(source))
+    acquisition.acquire(item)
+    item.refresh_from_db()
+    assert (item.state, item.quarantine_rule) == ("quarantined", "FORMAT_ALLOWED")
+    settings.ARTIFACT_ALLOW_PICKLE = True
+    assert acquisition.release(item, by="bob", reason="trusted internal checkpoint").state == "ready"
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "rule"),
+    [
+        ("ARTIFACT_MAX_BYTES", 3, "SIZE_BOUNDS"),
+        ("ARTIFACT_REQUIRE_LICENCE", True, "LICENCE_REQUIRED"),
+        ("ARTIFACT_ALLOWED_SOURCES", ["http"], "ALLOWED_SOURCE"),
+    ],
+)
+def test_each_rule_quarantines_by_its_name(tmp_path, settings, setting, value, rule):
+    source = tmp_path / "f.gguf"
+    source.write_bytes(b"GGUF")
+    item = artifact(source_kind="local", locator=str(source))
+    item.files = [{"path": "f.gguf", "size": 4, "sha256": sha(b"GGUF")}]
+    item.size_bytes = 4
+    setattr(settings, setting, value)
+    acquisition.judge(item, acquisition.run_checks(item))
+    assert (item.state, item.quarantine_rule) == ("quarantined", rule)
+
+
+def test_an_unreachable_source_is_reported_not_hung_on(settings):
+    settings.ARTIFACT_TIMEOUT_S = 2
+    settings.ARTIFACT_HF_ENDPOINT = "http://127.0.0.1:1"
+    item = artifact(source_kind="huggingface", locator="org/model", revision="a" * 40)
+    acquisition.acquire(item)
+    item.refresh_from_db()
+    assert item.state == "failed" and item.failure_code == "SOURCE_UNREACHABLE"
+    assert "cannot be reached from here" in item.failure_message
+
+
+def test_the_hubs_digests_unconsulted_are_deferred_never_a_pass():
+    item = artifact(source_kind="huggingface", locator="org/model", revision="b" * 40)
+    outcomes = {c["rule"]: c["outcome"] for c in acquisition.run_checks(item)}
+    assert outcomes["DIGEST_MATCH"] == "DEFERRED_EXTERNAL_VALIDATION"
+    unpinned = artifact(name="u", source_kind="huggingface", locator="org/model", revision="main")
+    assert {c["rule"]: c["outcome"] for c in acquisition.run_checks(unpinned)}["REVISION_PINNED"] == "fail"
+
+
+def test_the_api_requests_and_releases_with_the_envelope(operator_client, tmp_path):
+    created = operator_client.post(
+        "/api/v1/artifacts",
+        {"name": "m1", "source_kind": "local", "locator": str(tmp_path), "expected_sha256": {"x": "short"}},
+        format="json",
+    )
+    assert created.status_code == 400 and created.json()["code"] == "VALIDATION_ERROR"
+    created = operator_client.post(
+        "/api/v1/artifacts", {"name": "m1", "source_kind": "local", "locator": str(tmp_path)}, format="json"
+    )
+    assert created.status_code == 201 and created.json()["state"] == "requested"
+    refused = operator_client.post(
+        f"/api/v1/artifacts/{created.json()['id']}/release", {"reason": "x"}, format="json"
+    )
+    assert refused.status_code == 409 and refused.json()["code"] == "ARTIFACT_NOT_QUARANTINED"
