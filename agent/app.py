@@ -29,6 +29,7 @@ from agent.heartbeat import HeartbeatLoop, backoff_delay, heartbeat_payload
 from agent.home import AGENT_HOME_NOT_WRITABLE, check_writable
 from agent.identity import IDENTITY_FILE_INVALID, Identity, IdentityFileInvalid, load_identity, save_identity
 from agent.processes import ProcessManager
+from agent.replicas import ReplicaManager
 from agent.server import AgentContext, AgentServer
 from agent.settings import (
     CONTROL_PLANE_URL,
@@ -229,8 +230,14 @@ def run(environ: Mapping[str, str], stop: threading.Event | None = None) -> int:
         if identity is None:
             return EXIT_OK
         processes = ProcessManager(settings.models_dir)
+        replicas = ReplicaManager(settings.models_dir, identity.credential, settings.control_plane_url)
         context = AgentContext(
-            settings.cluster_secret, identity.node_id, identity.node_name, settings.models_dir, processes
+            settings.cluster_secret,
+            identity.node_id,
+            identity.node_name,
+            settings.models_dir,
+            processes,
+            replicas,
         )
         try:
             server = AgentServer((settings.listen_host, settings.port), context)

@@ -24,6 +24,7 @@ from agent import __version__
 from agent.models import InvalidModelName, check_presence
 from agent.processes import ProcessManager
 from agent.protocol import CORRELATION_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+from agent.replicas import ReplicaManager
 
 logger = logging.getLogger("agent.server")
 
@@ -45,6 +46,7 @@ class AgentContext:
     node_name: str
     models_dir: Path
     processes: ProcessManager | None = None
+    replicas: ReplicaManager | None = None
 
 
 class ApiError(Exception):
@@ -121,6 +123,27 @@ def launch_server(context: AgentContext, body: bytes) -> dict[str, Any]:
         raise ApiError(409, "LAUNCH_FAILED", f"cannot start {spec['command']!r}: {exc.strerror}") from None
 
 
+def start_replica(context: AgentContext, body: bytes) -> dict[str, Any]:
+    """Fetch an artifact from the control plane's store into the models directory (verified first)."""
+    spec = _json_object(body, '{"replica_id", "name", "base_url", "files": [{"path", "size", "sha256"}]}')
+    name = spec.get("name")
+    if not isinstance(name, str) or not name or "/" in name or name.startswith(".") or ".." in name:
+        raise ApiError(400, VALIDATION_ERROR, "name must be one entry of the models directory")
+    if not isinstance(spec.get("files"), list) or not isinstance(spec.get("base_url"), str):
+        raise ApiError(400, VALIDATION_ERROR, "files (a list) and base_url are required")
+    if context.replicas is None:
+        raise ApiError(404, NOT_FOUND, "this agent does not take replicas")
+    return context.replicas.start(spec).as_payload()
+
+
+def replica_status(context: AgentContext, body: bytes) -> dict[str, Any]:
+    replica_id = str(_json_object(body, '{"replica_id"}').get("replica_id"))
+    replica = context.replicas.get(replica_id) if context.replicas else None
+    if replica is None:
+        raise ApiError(404, NOT_FOUND, f"this agent has no replica {replica_id}")
+    return replica.as_payload()
+
+
 def list_servers(context: AgentContext, body: bytes) -> dict[str, Any]:
     """Every server this agent launched since it started, so the control plane can reconcile its books."""
     return {"servers": [managed.as_payload() for managed in _manager(context).all()]}
@@ -149,6 +172,8 @@ ROUTES: dict[str, dict[str, Handler]] = {
     "/v1/servers": {"POST": launch_server, "GET": list_servers},
     "/v1/servers/status": {"POST": server_status},
     "/v1/servers/stop": {"POST": stop_server},
+    "/v1/replicas": {"POST": start_replica},
+    "/v1/replicas/status": {"POST": replica_status},
 }
 
 

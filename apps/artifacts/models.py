@@ -78,3 +78,34 @@ class ArtifactEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.artifact_id} {self.from_state}->{self.to_state}"
+
+
+class ReplicaState(models.TextChoices):
+    REQUESTED = "requested", "Requested"
+    COPYING = "copying", "Copying"
+    PRESENT = "present", "Present"
+    FAILED = "failed", "Failed"
+
+
+class Replica(models.Model):
+    """An artifact on one node: asked for explicitly, copied by the node's agent, verified, present."""
+
+    artifact = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="replicas")
+    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="replicas")
+    state = models.CharField(max_length=16, choices=ReplicaState.choices, default=ReplicaState.REQUESTED)
+    name = models.CharField(max_length=255, help_text="Its name in the node's models directory.")
+    done_bytes = models.BigIntegerField(default=0)
+    total_bytes = models.BigIntegerField(default=0)
+    reason = models.TextField(blank=True)
+    requested_by = models.CharField(max_length=150, blank=True)
+    requested_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-requested_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["artifact", "node"], name="artifacts_one_replica_per_node")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.artifact} on {self.node_id} ({self.state})"

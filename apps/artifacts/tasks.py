@@ -15,3 +15,32 @@ def acquire(artifact_id: int) -> str:
         return "skipped"
     acquisition.acquire(artifact)
     return artifact.state
+
+
+@shared_task(name="artifacts.replicate")
+def replicate(replica_id: int) -> str:
+    from apps.artifacts import replication
+    from apps.artifacts.models import Replica, ReplicaState
+
+    replica = Replica.objects.select_related("artifact", "node").filter(pk=replica_id).first()
+    if replica is None or replica.state != ReplicaState.REQUESTED:
+        return "skipped"
+    if replication.start(replica):
+        watch_replica.apply_async((replica_id,), countdown=1)
+    return "copying"
+
+
+@shared_task(name="artifacts.watch_replica")
+def watch_replica(replica_id: int) -> str:
+    """Look once; re-enqueue itself until the replica is present or failed (never blocks a worker)."""
+    from apps.artifacts import replication
+    from apps.artifacts.models import Replica, ReplicaState
+
+    replica = Replica.objects.select_related("artifact", "node").filter(pk=replica_id).first()
+    if replica is None or replica.state != ReplicaState.COPYING:
+        return "settled"
+    if not replication.check(replica):
+        watch_replica.apply_async((replica_id,), countdown=1)
+        return "copying"
+    replica.refresh_from_db()
+    return replica.state

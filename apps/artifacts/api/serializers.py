@@ -4,7 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from apps.artifacts.models import Artifact, ArtifactEvent
+from apps.artifacts.models import Artifact, ArtifactEvent, Replica
 
 
 class ArtifactEventSerializer(serializers.ModelSerializer):
@@ -65,3 +65,36 @@ class ArtifactSerializer(serializers.ModelSerializer):
 
 class ReleaseSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=1000)
+
+
+class ReplicaSerializer(serializers.ModelSerializer):
+    node_name = serializers.CharField(source="node.name", read_only=True)
+    artifact_name = serializers.CharField(source="artifact.name", read_only=True)
+
+    class Meta:
+        model = Replica
+        fields = [
+            "id",
+            "artifact",
+            "artifact_name",
+            "node",
+            "node_name",
+            "name",
+            "state",
+            "done_bytes",
+            "total_bytes",
+            "reason",
+            "requested_by",
+            "requested_at",
+            "updated_at",
+        ]
+        read_only_fields = [
+            "name",
+            "state",
+            "done_bytes",
+            "total_bytes",
+            "reason",
+            "requested_by",
+            "requested_at",
+            "updated_at",
+        ]

@@ -9,9 +9,9 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.artifacts import acquisition
-from apps.artifacts.api.serializers import ArtifactSerializer, ReleaseSerializer
-from apps.artifacts.models import Artifact, ArtifactState
+from apps.artifacts import acquisition, replication
+from apps.artifacts.api.serializers import ArtifactSerializer, ReleaseSerializer, ReplicaSerializer
+from apps.artifacts.models import Artifact, ArtifactState, Replica
 from apps.artifacts.tasks import acquire
 
 
@@ -50,3 +50,32 @@ class ArtifactViewSet(
             return Response(ArtifactSerializer(artifact).data, status=status.HTTP_200_OK)
         transaction.on_commit(lambda: acquire.delay(artifact.pk))
         return Response(ArtifactSerializer(artifact).data, status=status.HTTP_202_ACCEPTED)
+
+
+class ReplicaViewSet(
+    mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
+    """Replicas: ask for an artifact on a node (explicit, never automatic), watch its progress, re-try."""
+
+    queryset = Replica.objects.select_related("artifact", "node")
+    serializer_class = ReplicaSerializer
+    filterset_fields = ["state", "node", "artifact"]
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        data = ReplicaSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        replica = replication.request_replica(
+            data.validated_data["artifact"],
+            data.validated_data["node"],
+            by=str(getattr(request.user, "username", request.user)),
+        )
+        return Response(ReplicaSerializer(replica).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={202: ReplicaSerializer})
+    @action(detail=True, methods=["post"])
+    def retry(self, request: Request, pk: Any = None) -> Response:
+        replica = self.get_object()
+        replica = replication.request_replica(
+            replica.artifact, replica.node, by=str(getattr(request.user, "username", request.user))
+        )
+        return Response(ReplicaSerializer(replica).data, status=status.HTTP_202_ACCEPTED)

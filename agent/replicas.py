@@ -1,0 +1,126 @@
+"""Replicas: the agent fetches an artifact's files from the control plane's store, resumably, verifies
+every SHA-256, and only then moves it where the presence check finds it. A replica that fails
+verification is never placed, so it is never reported present."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+logger = logging.getLogger("agent.replicas")
+
+CHUNK = 1 << 20
+COPYING, PRESENT, FAILED = "copying", "present", "failed"
+
+
+@dataclass
+class Replica:
+    replica_id: str
+    name: str
+    total: int
+    done: int = 0
+    state: str = COPYING
+    reason: str = ""
+
+    def as_payload(self) -> dict[str, Any]:
+        return {
+            "replica_id": self.replica_id,
+            "name": self.name,
+            "state": self.state,
+            "done_bytes": self.done,
+            "total_bytes": self.total,
+            "reason": self.reason,
+        }
+
+
+class ReplicaManager:
+    def __init__(self, models_dir: Path, credential: str, control_plane_url: str) -> None:
+        self.models_dir = models_dir
+        self.credential = credential
+        self.control_plane_url = control_plane_url.rstrip("/")
+        self._replicas: dict[str, Replica] = {}
+        self._lock = threading.Lock()
+
+    def get(self, replica_id: str) -> Replica | None:
+        with self._lock:
+            return self._replicas.get(replica_id)
+
+    def start(self, spec: dict[str, Any]) -> Replica:
+        """``spec``: replica_id, name (a file name for a single .gguf, else a folder name), base_url (the
+        control plane's file endpoint for this artifact, relative to its URL), files [{path, size,
+        sha256}]."""
+        replica_id = str(spec["replica_id"])
+        with self._lock:
+            existing = self._replicas.get(replica_id)
+            if existing is not None and existing.state == COPYING:
+                return existing
+            replica = Replica(replica_id, str(spec["name"]), sum(int(f["size"]) for f in spec["files"]))
+            self._replicas[replica_id] = replica
+        threading.Thread(target=self._copy, args=(replica, spec), daemon=True).start()
+        return replica
+
+    def _copy(self, replica: Replica, spec: dict[str, Any]) -> None:
+        incoming = self.models_dir / ".incoming" / replica.replica_id
+        try:
+            incoming.mkdir(parents=True, exist_ok=True)
+            with httpx.Client(
+                timeout=httpx.Timeout(60.0, connect=10.0),
+                headers={"Authorization": f"Bearer {self.credential}"},
+            ) as client:
+                for item in spec["files"]:
+                    self._fetch(client, replica, spec["base_url"], item, incoming)
+            self._place(replica, spec, incoming)
+            replica.state = PRESENT
+            logger.info("replica %s (%s) is present", replica.replica_id, replica.name)
+        except Exception as exc:
+            replica.state, replica.reason = FAILED, str(exc)[:500]
+            logger.warning("replica %s failed: %s", replica.replica_id, replica.reason)
+
+    def _fetch(
+        self, client: httpx.Client, replica: Replica, base_url: str, item: dict[str, Any], incoming: Path
+    ) -> None:
+        relative = Path(item["path"])
+        if relative.is_absolute() or ".." in relative.parts:
+            raise ValueError(f"refusing the file name {item['path']!r}")
+        destination = incoming / relative
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        partial = destination.with_name(destination.name + ".part")
+        have = partial.stat().st_size if partial.exists() else 0
+        headers = {"Range": f"bytes={have}-"} if have else {}
+        url = f"{self.control_plane_url}{base_url.rstrip('/')}/{item['path']}"
+        with client.stream("GET", url, headers=headers) as response:
+            if response.status_code not in (200, 206):
+                raise RuntimeError(f"GET {item['path']} answered {response.status_code}")
+            mode = "ab" if response.status_code == 206 else "wb"
+            with partial.open(mode) as writer:
+                for block in response.iter_bytes(CHUNK):
+                    writer.write(block)
+                    replica.done += len(block)
+        sha = hashlib.sha256()
+        with partial.open("rb") as reader:
+            for block in iter(lambda: reader.read(CHUNK), b""):
+                sha.update(block)
+        if sha.hexdigest() != item["sha256"]:
+            partial.unlink()
+            raise RuntimeError(f"{item['path']}: SHA-256 does not match the artifact's record; discarded")
+        partial.rename(destination)
+
+    def _place(self, replica: Replica, spec: dict[str, Any], incoming: Path) -> None:
+        """Move the verified files where the presence check looks: a single .gguf file directly, anything
+        else as a folder named after the artifact."""
+        files = spec["files"]
+        if len(files) == 1 and files[0]["path"].endswith(".gguf") and replica.name.endswith(".gguf"):
+            (incoming / files[0]["path"]).replace(self.models_dir / replica.name)
+            shutil.rmtree(incoming, ignore_errors=True)
+            return
+        target = self.models_dir / replica.name
+        if target.exists():
+            shutil.rmtree(target)
+        incoming.replace(target)

@@ -1,0 +1,108 @@
+"""Replication: explicit, never automatic. An operator asks for artifact X on node Y; the node's agent
+fetches the files from the control plane's store (authenticated, resumable), verifies every digest and
+places them where the presence check finds them; the control plane confirms with that check."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from apps.artifacts.models import Artifact, ArtifactState, Replica, ReplicaState
+from apps.nodes import agent_client
+from apps.nodes.models import Node
+from modelforge.errors import ApiError
+
+REPLICA_NOT_ALLOWED = "REPLICA_NOT_ALLOWED"
+
+
+def replica_name(artifact: Artifact) -> str:
+    if artifact.format == "gguf_file" and len(artifact.files) == 1:
+        return artifact.files[0]["path"].rsplit("/", 1)[-1]
+    return artifact.name
+
+
+def request_replica(artifact: Artifact, node: Node, *, by: str) -> Replica:
+    """Ask for ``artifact`` on ``node`` (again, if it failed); a Celery task does the copying."""
+    if artifact.state != ArtifactState.READY:
+        raise ApiError(
+            REPLICA_NOT_ALLOWED,
+            f"Artifact {artifact.name} is {artifact.state}; only a ready artifact "
+            "(every supply-chain check passed) is replicated.",
+            409,
+        )
+    replica, _ = Replica.objects.get_or_create(
+        artifact=artifact, node=node, defaults={"name": replica_name(artifact)}
+    )
+    if replica.state in (ReplicaState.COPYING, ReplicaState.PRESENT):
+        return replica
+    Replica.objects.filter(pk=replica.pk).update(
+        state=ReplicaState.REQUESTED,
+        reason="",
+        done_bytes=0,
+        total_bytes=artifact.size_bytes,
+        requested_by=by,
+        updated_at=timezone.now(),
+    )
+    replica.refresh_from_db()
+    from apps.artifacts.tasks import replicate
+
+    transaction.on_commit(lambda: replicate.delay(replica.pk))
+    return replica
+
+
+def start(replica: Replica) -> bool:
+    artifact, node = replica.artifact, replica.node
+    try:
+        reply = agent_client.call_agent(
+            node,
+            "POST",
+            "/v1/replicas",
+            {
+                "replica_id": str(replica.pk),
+                "name": replica.name,
+                "base_url": f"/api/v1/agent/artifacts/{artifact.pk}/files",
+                "files": artifact.files,
+            },
+        )
+    except ApiError as exc:
+        _fail(replica, f"{exc.code}: {exc.message}")
+        return False
+    if reply.status != 200:
+        _fail(replica, reply.body.get("message") or f"the agent answered {reply.status}")
+        return False
+    Replica.objects.filter(pk=replica.pk).update(state=ReplicaState.COPYING, updated_at=timezone.now())
+    return True
+
+
+def check(replica: Replica) -> bool:
+    """One look; True when settled. Present only after the node's own presence check says so."""
+    try:
+        reply = agent_client.call_agent(
+            replica.node, "POST", "/v1/replicas/status", {"replica_id": str(replica.pk)}
+        )
+    except ApiError as exc:
+        _fail(replica, f"{exc.code}: {exc.message}")
+        return True
+    state = reply.body.get("state")
+    Replica.objects.filter(pk=replica.pk).update(
+        done_bytes=int(reply.body.get("done_bytes") or 0), updated_at=timezone.now()
+    )
+    if state == "failed" or reply.status != 200:
+        _fail(replica, reply.body.get("reason") or reply.body.get("message") or "the copy failed")
+        return True
+    if state != "present":
+        return False
+    presence = agent_client.model_presence(replica.node, replica.name)
+    if presence.status == 200 and presence.body.get("present"):
+        Replica.objects.filter(pk=replica.pk).update(
+            state=ReplicaState.PRESENT, done_bytes=replica.total_bytes, updated_at=timezone.now()
+        )
+    else:
+        _fail(replica, "the agent finished, but the presence check does not find it")
+    return True
+
+
+def _fail(replica: Replica, reason: str) -> None:
+    Replica.objects.filter(pk=replica.pk).update(
+        state=ReplicaState.FAILED, reason=reason[:2000], updated_at=timezone.now()
+    )

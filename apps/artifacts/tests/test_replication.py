@@ -1,0 +1,127 @@
+"""Replication to a real agent over real HTTP: explicit, progress observed, the presence check true for
+each of the three layouts afterwards (and false before); a corrupted transfer never becomes present."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from apps.artifacts import acquisition
+from apps.artifacts.models import Artifact, Replica
+from apps.nodes import agent_client
+from apps.nodes.models import EnrollmentToken, Node
+from tests.fixtures import PYTHON, agent_environment, start_process, wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
+
+
+@pytest.fixture
+def node(live_web, tmp_path):
+    _, token = EnrollmentToken.objects.mint(note="replication")
+    env = agent_environment(
+        live_web.url,
+        tmp_path / "state",
+        secret=str(settings.CLUSTER_SECRET),
+        name="replica-node",
+        token=token,
+        models=tmp_path / "node-models",
+    )
+    agent = start_process([PYTHON, "-m", "agent"], env, tmp_path / "agent.log")
+    assert wait_until(lambda: Node.objects.filter(name="replica-node", liveness="online").exists(), 30), (
+        agent.log()
+    )
+    yield Node.objects.get(name="replica-node")
+    os.killpg(agent.process.pid, signal.SIGTERM)
+    agent.process.wait(20)
+
+
+@pytest.fixture
+def ready(tmp_path, settings):
+    settings.ARTIFACT_STORE = tmp_path / "store"
+
+    def make(name: str, layout: dict[str, bytes]) -> Artifact:
+        source = tmp_path / "sources" / name
+        for relative, data in layout.items():
+            (source / relative).parent.mkdir(parents=True, exist_ok=True)
+            (source / relative).write_bytes(data)
+        only = next(iter(layout)) if len(layout) == 1 else None
+        artifact = Artifact.objects.create(
+            name=name, source_kind="local", locator=str(source / only) if only else str(source)
+        )
+        acquisition.acquire(artifact)
+        artifact.refresh_from_db()
+        assert artifact.state == "ready", artifact.checks
+        return artifact
+
+    return make
+
+
+def present(node: Node, name: str) -> bool:
+    return bool(agent_client.model_presence(node, name).body.get("present"))
+
+
+def replicate(operator_client, artifact: Artifact, node: Node) -> Replica:
+    response = operator_client.post(
+        "/api/v1/replicas", {"artifact": artifact.pk, "node": node.pk}, format="json"
+    )
+    assert response.status_code == 202, response.content
+    return Replica.objects.get(pk=response.json()["id"])
+
+
+@pytest.mark.parametrize(
+    ("layout", "expected_name"),
+    [
+        ({"model.safetensors": b"w" * 300_000, "config.json": b"{}"}, "weights-dir"),
+        ({"tiny.gguf": b"GGUF" + b"\x01" * 300_000}, "tiny.gguf"),
+        ({"model.gguf": b"GGUF" + b"\x02" * 300_000, "README.md": b"x"}, "gguf-dir"),
+    ],
+    ids=["weights directory", "single gguf", "directory with a gguf"],
+)
+def test_an_artifact_is_replicated_on_request_and_then_present(
+    celery_worker_process, node, ready, operator_client, layout, expected_name
+):
+    name = expected_name if not expected_name.endswith(".gguf") else "single"
+    artifact = ready(name, layout)
+    assert not present(node, expected_name)  # absent until replicated: never automatic
+    replica = replicate(operator_client, artifact, node)
+    assert replica.name == expected_name and replica.total_bytes == artifact.size_bytes
+    assert wait_until(lambda: Replica.objects.get(pk=replica.pk).state in ("present", "failed"), 60), (
+        celery_worker_process.log()[-3000:]
+    )
+    replica.refresh_from_db()
+    assert replica.state == "present", replica.reason
+    assert replica.done_bytes == artifact.size_bytes
+    assert present(node, expected_name)
+
+
+def test_a_corrupted_transfer_never_becomes_present(celery_worker_process, node, ready, operator_client):
+    artifact = ready("corrupt", {"model.safetensors": b"v" * 100_000})
+    # The store's copy rots after acquisition: what reaches the node does not match the record.
+    Path(artifact.store_path, "model.safetensors").write_bytes(b"x" * 100_000)
+    replica = replicate(operator_client, artifact, node)
+    assert wait_until(lambda: Replica.objects.get(pk=replica.pk).state in ("present", "failed"), 60)
+    replica.refresh_from_db()
+    assert replica.state == "failed"
+    assert "SHA-256 does not match" in replica.reason
+    assert not present(node, "corrupt")
+
+
+def test_only_a_ready_artifact_is_replicated(operator_client, node):
+    artifact = Artifact.objects.create(name="q", source_kind="local", locator="/nowhere", state="quarantined")
+    response = operator_client.post(
+        "/api/v1/replicas", {"artifact": artifact.pk, "node": node.pk}, format="json"
+    )
+    assert response.status_code == 409 and response.json()["code"] == "REPLICA_NOT_ALLOWED"
+
+
+def test_the_store_is_served_to_nodes_only(live_web, ready):
+    import httpx
+
+    artifact = ready("served", {"w.safetensors": b"abc"})
+    url = f"{live_web.url}/api/v1/agent/artifacts/{artifact.pk}/files/w.safetensors"
+    assert httpx.get(url).status_code == 401
+    assert httpx.get(url, headers={"Authorization": f"Bearer {settings.OPERATOR_API_KEY}"}).status_code == 401
