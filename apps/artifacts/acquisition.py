@@ -275,3 +275,52 @@ def release(artifact: Artifact, *, by: str, reason: str) -> Artifact:
 
 def discard(artifact: Artifact) -> None:
     shutil.rmtree(store_dir(artifact), ignore_errors=True)
+
+
+def rehydrate(artifact: Artifact) -> Artifact:
+    """Re-acquire the store's copy from the recorded upstream identity only, and verify it against the
+    recorded digests. Anything else — the upstream gone, changed, or not matching — is
+    ``ARTIFACT_REHYDRATION_BLOCKED`` with what was tried: never a fallback to another source."""
+    if not artifact.files:
+        raise ApiError(
+            "VALIDATION_ERROR", f"Artifact {artifact.name} has no recorded files to verify against.", 400
+        )
+    tried = f"{artifact.source_kind} {artifact.locator}" + (
+        f" at {artifact.revision}" if artifact.revision else ""
+    )
+    scratch = store_dir(artifact).with_name(f"{artifact.pk}.rehydrating")
+    shutil.rmtree(scratch, ignore_errors=True)
+    try:
+        try:
+            fetch(artifact, scratch)
+        except SourceUnreachable as exc:
+            return _blocked(artifact, f"tried {tried}: {exc}")
+        got = {f["path"]: (f["size"], f["sha256"]) for f in digests(scratch)}
+        wanted = {f["path"]: (f["size"], f["sha256"]) for f in artifact.files}
+        if got != wanted:
+            changed = sorted(p for p in wanted.keys() | got.keys() if got.get(p) != wanted.get(p))
+            return _blocked(
+                artifact,
+                f"tried {tried}: the upstream no longer matches the recorded digests "
+                f"({', '.join(changed[:10])})",
+            )
+        target = store_dir(artifact)
+        shutil.rmtree(target, ignore_errors=True)
+        scratch.replace(target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    artifact.set_state(
+        ArtifactState.READY,
+        f"rehydrated from {tried}, every digest verified",
+        store_path=str(store_dir(artifact)),
+        failure_code="",
+        failure_message="",
+    )
+    return artifact
+
+
+def _blocked(artifact: Artifact, detail: str) -> Artifact:
+    artifact.set_state(
+        ArtifactState.FAILED, detail, failure_code=codes.ARTIFACT_REHYDRATION_BLOCKED, failure_message=detail
+    )
+    return artifact

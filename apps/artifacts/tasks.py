@@ -44,3 +44,12 @@ def watch_replica(replica_id: int) -> str:
         return "copying"
     replica.refresh_from_db()
     return replica.state
+
+
+@shared_task(name="artifacts.rehydrate")
+def rehydrate(artifact_id: int) -> str:
+    artifact = Artifact.objects.filter(pk=artifact_id).first()
+    if artifact is None:
+        return "skipped"
+    acquisition.rehydrate(artifact)
+    return artifact.state

@@ -13,6 +13,7 @@ from apps.artifacts import acquisition, replication
 from apps.artifacts.api.serializers import ArtifactSerializer, ReleaseSerializer, ReplicaSerializer
 from apps.artifacts.models import Artifact, ArtifactState, Replica
 from apps.artifacts.tasks import acquire
+from apps.artifacts.tasks import rehydrate as rehydrate_task
 
 
 class ArtifactViewSet(
@@ -41,6 +42,14 @@ class ArtifactViewSet(
             reason=data.validated_data["reason"],
         )
         return Response(ArtifactSerializer(artifact).data)
+
+    @extend_schema(request=None, responses={202: ArtifactSerializer})
+    @action(detail=True, methods=["post"])
+    def rehydrate(self, request: Request, pk: Any = None) -> Response:
+        """Re-acquire a lost or corrupt store copy from the recorded upstream only (never elsewhere)."""
+        artifact = self.get_object()
+        transaction.on_commit(lambda: rehydrate_task.delay(artifact.pk))
+        return Response(ArtifactSerializer(artifact).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={202: ArtifactSerializer})
     @action(detail=True, methods=["post"])

@@ -194,3 +194,33 @@ def test_the_api_requests_and_releases_with_the_envelope(operator_client, tmp_pa
         f"/api/v1/artifacts/{created.json()['id']}/release", {"reason": "x"}, format="json"
     )
     assert refused.status_code == 409 and refused.json()["code"] == "ARTIFACT_NOT_QUARANTINED"
+
+
+def test_rehydration_succeeds_from_an_intact_upstream_and_is_blocked_when_it_changed_or_vanished(tmp_path):
+    source = tmp_path / "upstream"
+    source.mkdir()
+    (source / "model.safetensors").write_bytes(b"the weights")
+    item = artifact(source_kind="local", locator=str(source))
+    acquisition.acquire(item)
+    item.refresh_from_db()
+    store = Path(item.store_path)
+
+    # The store's copy is lost: the intact upstream brings it back, verified.
+    import shutil
+
+    shutil.rmtree(store)
+    assert acquisition.rehydrate(item).state == "ready"
+    assert (store / "model.safetensors").read_bytes() == b"the weights"
+
+    # The upstream changed: refused by name, with what was tried; never another source.
+    (source / "model.safetensors").write_bytes(b"other weights")
+    blocked = acquisition.rehydrate(item)
+    assert (blocked.state, blocked.failure_code) == ("failed", "ARTIFACT_REHYDRATION_BLOCKED")
+    assert (
+        f"tried local {source}" in blocked.failure_message and "model.safetensors" in blocked.failure_message
+    )
+
+    # The upstream vanished.
+    shutil.rmtree(source)
+    gone = acquisition.rehydrate(item)
+    assert gone.failure_code == "ARTIFACT_REHYDRATION_BLOCKED" and "does not exist" in gone.failure_message
