@@ -24,6 +24,7 @@ urlpatterns = [
     path("alerts/", include("apps.alerts.urls")),
     path("servers/", include("apps.servers.urls")),
     path("clusters/", include("apps.clusters.urls")),
+    path("artifacts/", include("apps.artifacts.urls")),
     path("", include("apps.core.urls")),
 ]
 

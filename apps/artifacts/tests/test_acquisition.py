@@ -224,3 +224,26 @@ def test_rehydration_succeeds_from_an_intact_upstream_and_is_blocked_when_it_cha
     shutil.rmtree(source)
     gone = acquisition.rehydrate(item)
     assert gone.failure_code == "ARTIFACT_REHYDRATION_BLOCKED" and "does not exist" in gone.failure_message
+
+
+def test_the_dashboard_shows_quarantine_and_releases_with_a_reason(client, tmp_path, settings):
+    from django.contrib.auth.models import User
+
+    source = tmp_path / "p"
+    source.mkdir()
+    (source / "model.bin").write_bytes(b"pickle")
+    item = artifact(source_kind="local", locator=str(source))
+    acquisition.acquire(item)
+    client.force_login(User.objects.create_user("ops", is_staff=True))
+    page = client.get(f"/artifacts/{item.pk}/").content.decode()
+    assert "Quarantined by <code>FORMAT_ALLOWED</code>" in page and 'id="checks"' in page
+    refused = client.post(f"/artifacts/{item.pk}/release", {"reason": "please"}, follow=True).content.decode()
+    assert "ARTIFACT_QUARANTINED" in refused
+    settings.ARTIFACT_ALLOW_PICKLE = True
+    released = client.post(f"/artifacts/{item.pk}/release", {"reason": "internal, trusted"}, follow=True)
+    assert "released: every check passes" in released.content.decode()
+    assert item.name in client.get("/artifacts/?state=ready").content.decode()
+    item.refresh_from_db()
+    assert (
+        item.state == "ready" and item.events.filter(by="ops", detail__contains="internal, trusted").exists()
+    )
