@@ -38,6 +38,19 @@ def launch(server: ModelServer) -> None:
     if profile is None:
         server.fail(codes.LAUNCH_FAILED, f"Runtime profile {server.profile!r} is no longer configured.")
         return
+    if server.artifact_id is not None:
+        from apps.artifacts.models import Replica, ReplicaState
+
+        # Both the books and the node must agree: a replica recorded present, and the live check below.
+        if not Replica.objects.filter(
+            artifact_id=server.artifact_id, node=node, state=ReplicaState.PRESENT
+        ).exists():
+            server.fail(
+                codes.MODEL_NOT_PRESENT_ON_NODE,
+                f"Artifact {server.model!r} has no present replica on node {node.name}. "
+                "Replicate the model to that node first.",
+            )
+            return
     try:
         presence = agent_client.model_presence(node, server.model)
         if presence.status != 200:

@@ -20,6 +20,9 @@ class ModelServer(models.Model):
     profile = models.CharField(max_length=63)
     model = models.CharField(max_length=255, help_text="The model's name under the node's models directory.")
     weights_bytes = models.BigIntegerField(null=True, blank=True)
+    artifact = models.ForeignKey(
+        "artifacts.Artifact", null=True, blank=True, on_delete=models.PROTECT, related_name="servers"
+    )
     gpus_wanted = models.PositiveSmallIntegerField(default=0)
     encrypted = models.BooleanField(default=False)
     state = models.CharField(max_length=16, choices=ServerState.choices, default=ServerState.PENDING)

@@ -40,6 +40,7 @@ class Request:
     weights_bytes: int | None = None
     encrypted: bool = False
     node: str | None = None  # pin to one node by name
+    artifact: Any = None  # an Artifact: names the model, its size and whether it is encrypted
 
 
 @dataclass
@@ -321,6 +322,8 @@ def place(request: Request, now: datetime | None = None) -> ModelServer:
     now = now or timezone.now()
     profile = _profile(request.profile)
     gpus = request.gpus
+    if request.artifact is not None:
+        _from_artifact(request)
     if profile.accelerator == "cpu" and gpus:
         raise ApiError("VALIDATION_ERROR", f"Profile {profile.name} runs on the CPU; ask for 0 GPUs.", 400)
     if profile.accelerator == "nvidia" and gpus < 1:
@@ -405,6 +408,24 @@ def _claim(
     return None
 
 
+def _from_artifact(request: Request) -> None:
+    """A server of an artifact: its name on nodes, its size, its encryption come from the artifact."""
+    from apps.artifacts.models import ArtifactState
+    from apps.artifacts.replication import replica_name
+
+    artifact = request.artifact
+    if artifact.state != ArtifactState.READY:
+        raise ApiError(
+            codes.ARTIFACT_NOT_READY,
+            f"Artifact {artifact.name} is {artifact.state}; only a ready artifact (every supply-chain check "
+            "passed) is served.",
+            409,
+        )
+    request.model = replica_name(artifact)
+    request.weights_bytes = request.weights_bytes or artifact.size_bytes
+    request.encrypted = request.encrypted or artifact.encrypted
+
+
 def _apply_local_only(request: Request, profile: RuntimeProfile) -> None:
     """GGUF servers and encrypted weights run on the local node only, refused by their keys otherwise."""
     if profile.local_node_only and profile.engine == "llamacpp":
@@ -448,6 +469,7 @@ def _record(
         )
     server = ModelServer.objects.create(
         name=request.name,
+        artifact=request.artifact,
         profile=profile.name,
         model=request.model,
         weights_bytes=request.weights_bytes,

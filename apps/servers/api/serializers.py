@@ -4,6 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from apps.artifacts.models import Artifact
 from apps.servers.models import ModelServer, ServerEvent
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
@@ -12,11 +13,23 @@ NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 class PlaceRequestSerializer(serializers.Serializer):
     name = serializers.RegexField(NAME, max_length=63)
     profile = serializers.CharField(max_length=63)
-    model = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$", max_length=255)
+    model = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$", max_length=255, required=False)
     gpus = serializers.IntegerField(min_value=0, max_value=64, default=0)
     weights_bytes = serializers.IntegerField(min_value=1, max_value=2**50, required=False)
     encrypted = serializers.BooleanField(default=False)
     node = serializers.CharField(max_length=63, required=False, help_text="Pin to this node (by name).")
+    artifact = serializers.PrimaryKeyRelatedField(
+        queryset=Artifact.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="Serve this artifact: model name, size and encryption come from it.",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not attrs.get("model") and not attrs.get("artifact"):
+            raise serializers.ValidationError({"model": ["Give a model name or an artifact."]})
+        attrs.setdefault("model", "")
+        return attrs
 
     def validate_name(self, value: str) -> str:
         if ModelServer.objects.filter(name=value).exists():
@@ -41,6 +54,7 @@ class ModelServerSerializer(serializers.ModelSerializer):
             "name",
             "profile",
             "model",
+            "artifact",
             "weights_bytes",
             "gpus_wanted",
             "encrypted",

@@ -232,3 +232,41 @@ def test_the_api_places_and_refuses_with_the_envelope(operator_client):
     assert [s["name"] for s in listed["results"]] == ["api-srv"]
     duplicate = operator_client.post("/api/v1/servers", body, format="json")
     assert duplicate.status_code == 400 and "name" in duplicate.json()["message"]
+
+
+def test_a_server_of_an_artifact_takes_its_name_size_and_encryption(settings):
+    from apps.artifacts.models import Artifact
+
+    gguf = Artifact.objects.create(
+        name="gemma",
+        source_kind="local",
+        locator="/m",
+        state="ready",
+        format="gguf_file",
+        size_bytes=GIB,
+        files=[{"path": "gemma.gguf", "size": GIB, "sha256": "0" * 64}],
+    )
+    cpu_node("local-cpu")
+    settings.LOCAL_NODE = "local-cpu"
+    server = place(Request(name="g", profile="llamacpp-gguf", model="", artifact=gguf))
+    assert (server.model, server.weights_bytes, server.artifact) == ("gemma.gguf", GIB, gguf)
+
+    sealed = Artifact.objects.create(
+        name="sealed",
+        source_kind="local",
+        locator="/s",
+        state="ready",
+        encrypted=True,
+        size_bytes=GIB,
+        files=[],
+    )
+    gpu_node("remote", [(80, 0, 0)])
+    settings.LOCAL_NODE = ""
+    with pytest.raises(ApiError) as caught:
+        place(Request(name="s", profile="test-echo-gpu", model="", gpus=1, artifact=sealed))
+    assert caught.value.code == "encrypted_weights_local_only"
+
+    quarantined = Artifact.objects.create(name="q", source_kind="local", locator="/q", state="quarantined")
+    with pytest.raises(ApiError) as caught:
+        place(Request(name="q", profile="test-echo", model="", artifact=quarantined))
+    assert (caught.value.code, caught.value.status) == ("ARTIFACT_NOT_READY", 409)
