@@ -16,7 +16,7 @@ import httpx
 
 logger = logging.getLogger("agent.replicas")
 
-CHUNK = 1 << 20
+CHUNK = 8 << 20
 COPYING, PRESENT, FAILED = "copying", "present", "failed"
 
 
@@ -93,20 +93,25 @@ class ReplicaManager:
         destination.parent.mkdir(parents=True, exist_ok=True)
         partial = destination.with_name(destination.name + ".part")
         have = partial.stat().st_size if partial.exists() else 0
+        sha = hashlib.sha256()
+        if have:  # resuming: what is already on disk is part of the digest
+            with partial.open("rb") as reader:
+                for block in iter(lambda: reader.read(CHUNK), b""):
+                    sha.update(block)
         headers = {"Range": f"bytes={have}-"} if have else {}
         url = f"{self.control_plane_url}{base_url.rstrip('/')}/{item['path']}"
         with client.stream("GET", url, headers=headers) as response:
             if response.status_code not in (200, 206):
                 raise RuntimeError(f"GET {item['path']} answered {response.status_code}")
+            if response.status_code == 200 and have:
+                sha = hashlib.sha256()  # the server sent it whole: start over
             mode = "ab" if response.status_code == 206 else "wb"
             with partial.open(mode) as writer:
-                for block in response.iter_bytes(CHUNK):
+                # Hashed as it arrives: one pass over the bytes, not a second read of the file.
+                for block in response.iter_raw(CHUNK):
                     writer.write(block)
+                    sha.update(block)
                     replica.done += len(block)
-        sha = hashlib.sha256()
-        with partial.open("rb") as reader:
-            for block in iter(lambda: reader.read(CHUNK), b""):
-                sha.update(block)
         if sha.hexdigest() != item["sha256"]:
             partial.unlink()
             raise RuntimeError(f"{item['path']}: SHA-256 does not match the artifact's record; discarded")

@@ -15,7 +15,8 @@ run_entry_checks("web")
 
 django_application = get_asgi_application()
 
-from apps.clusters.gateway import PREFIX as GATEWAY_PREFIX  # noqa: E402 -- needs the app registry
+from apps.artifacts import agent_views as artifact_files  # noqa: E402 -- needs the app registry
+from apps.clusters.gateway import PREFIX as GATEWAY_PREFIX  # noqa: E402
 from apps.clusters.gateway import gateway  # noqa: E402
 from apps.nodes import fastpath  # noqa: E402
 
@@ -24,6 +25,9 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """Agents' heartbeats and the serving gateway (/v1/) go to their lean endpoints; the rest to Django."""
     if scope["type"] == "http" and scope["path"] == fastpath.PATH:
         await fastpath.endpoint(scope, receive, send)
+        return
+    if scope["type"] == "http" and scope["path"].startswith(artifact_files.PREFIX):
+        await artifact_files.serve(scope, receive, send)
         return
     if scope["type"] == "http" and scope["path"].startswith(GATEWAY_PREFIX):
         await gateway(scope, receive, send)

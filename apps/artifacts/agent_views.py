@@ -1,59 +1,109 @@
-"""The control plane's store, served to agents: node credential, ``Range`` for resumed transfers."""
+"""The control plane's store, served to agents as a lean ASGI endpoint beside Django: the node
+credential, ``Range`` for resumed transfers, the file read in large blocks off the event loop.
+
+(Through Django's streaming responses under ASGI every block hops threads; the replication bench
+measured that path at under 200 MiB/s.)"""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from django.http import FileResponse, HttpRequest, HttpResponse, StreamingHttpResponse
-from django.http.response import HttpResponseBase
-from django.views.decorators.http import require_GET
+from asgiref.sync import sync_to_async
 
-from apps.artifacts.models import Artifact, ArtifactState
-from apps.nodes.models import Node, digest
-from modelforge.errors import ApiError
+from modelforge.lean import Receive, Send
+from modelforge.logging import accept_or_generate
 
+PREFIX = "/api/v1/agent/artifacts/"
+ROUTE = re.compile(r"^/api/v1/agent/artifacts/(\d+)/files/(.+)$")
 RANGE = re.compile(r"^bytes=(\d+)-$")
-CHUNK = 1 << 20
+CHUNK = 8 << 20
 
 
-def _node(request: HttpRequest) -> Node:
-    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-    wanted = digest(presented.strip()) if scheme.lower() == "bearer" and presented.strip() else ""
-    node = Node.objects.filter(credential_hash=wanted).first() if wanted else None
-    if node is None or not hmac.compare_digest(node.credential_hash, wanted):
-        raise ApiError(
-            "NODE_CREDENTIAL_INVALID",
-            "A node credential is required to fetch artifact files.",
-            401,
-            {"WWW-Authenticate": 'Bearer realm="modelforge-agent"'},
+def _lookup(presented: str, pk: int, path: str) -> tuple[str | None, Path | None]:
+    """(refusal, file): the node by its credential, the file of a ready artifact."""
+    from django.db import close_old_connections
+
+    from apps.artifacts.models import Artifact, ArtifactState
+    from apps.nodes.models import Node, digest
+
+    try:
+        wanted = digest(presented) if presented else ""
+        node = Node.objects.filter(credential_hash=wanted).only("credential_hash").first() if wanted else None
+        if node is None or not hmac.compare_digest(node.credential_hash, wanted):
+            return "NODE_CREDENTIAL_INVALID", None
+        artifact = Artifact.objects.filter(pk=pk, state=ArtifactState.READY).first()
+        if artifact is None or path not in {f["path"] for f in artifact.files}:
+            return "NOT_FOUND", None
+        return None, Path(artifact.store_path) / path
+    finally:
+        close_old_connections()
+
+
+async def serve(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    correlation_id = accept_or_generate(headers.get("x-correlation-id"))
+    match = ROUTE.match(scope["path"])
+    scheme, _, presented = headers.get("authorization", "").partition(" ")
+    presented = presented.strip() if scheme.lower() == "bearer" else ""
+    refusal, file_path = (
+        await sync_to_async(_lookup, thread_sensitive=False)(presented, int(match.group(1)), match.group(2))
+        if match and scope["method"] == "GET"
+        else ("NOT_FOUND", None)
+    )
+    if refusal or file_path is None:
+        status = 401 if refusal == "NODE_CREDENTIAL_INVALID" else 404
+        message = (
+            "A node credential is required to fetch artifact files."
+            if status == 401
+            else "No such file of a ready artifact."
         )
-    return node
-
-
-@require_GET
-def artifact_file(request: HttpRequest, pk: int, path: str) -> HttpResponseBase:
-    _node(request)
-    artifact = Artifact.objects.filter(pk=pk, state=ArtifactState.READY).first()
-    if artifact is None or path not in {f["path"] for f in artifact.files}:
-        raise ApiError("NOT_FOUND", "No such file of a ready artifact.", 404)
-    file_path = Path(artifact.store_path) / path
+        body = json.dumps({"code": refusal, "message": message, "correlation_id": correlation_id}).encode()
+        extra = [(b"www-authenticate", b'Bearer realm="modelforge-agent"')] if status == 401 else []
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"x-correlation-id", correlation_id.encode()),
+                    *extra,
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+        return
     size = file_path.stat().st_size
-    match = RANGE.match(request.headers.get("Range", ""))
-    if not match:
-        return FileResponse(file_path.open("rb"), content_type="application/octet-stream")
-    start = int(match.group(1))
-    if start >= size:
-        return HttpResponse(status=416, headers={"Content-Range": f"bytes */{size}"})
-
-    def chunks() -> Iterator[bytes]:
-        with file_path.open("rb") as reader:
-            reader.seek(start)
-            yield from iter(lambda: reader.read(CHUNK), b"")
-
-    response = StreamingHttpResponse(chunks(), status=206, content_type="application/octet-stream")
-    response["Content-Length"] = str(size - start)
-    response["Content-Range"] = f"bytes {start}-{size - 1}/{size}"
-    return response
+    ranged = RANGE.match(headers.get("range", ""))
+    start = int(ranged.group(1)) if ranged else 0
+    if start >= size and size:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 416,
+                "headers": [(b"content-range", f"bytes */{size}".encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": b""})
+        return
+    response_headers = [
+        (b"content-type", b"application/octet-stream"),
+        (b"content-length", str(size - start).encode()),
+        (b"x-correlation-id", correlation_id.encode()),
+    ]
+    if ranged:
+        response_headers.append((b"content-range", f"bytes {start}-{size - 1}/{size}".encode()))
+    await send({"type": "http.response.start", "status": 206 if ranged else 200, "headers": response_headers})
+    loop = asyncio.get_running_loop()
+    with file_path.open("rb") as reader:
+        reader.seek(start)
+        while True:
+            block = await loop.run_in_executor(None, reader.read, CHUNK)
+            if not block:
+                break
+            await send({"type": "http.response.body", "body": block, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
