@@ -285,6 +285,11 @@ def rehydrate(artifact: Artifact) -> Artifact:
         raise ApiError(
             "VALIDATION_ERROR", f"Artifact {artifact.name} has no recorded files to verify against.", 400
         )
+    if artifact.state == ArtifactState.QUARANTINED:
+        # Rehydration restores bytes; it is never a way out of quarantine.
+        raise ApiError(
+            codes.ARTIFACT_QUARANTINED, f"Artifact {artifact.name} is quarantined; release it first.", 409
+        )
     tried = f"{artifact.source_kind} {artifact.locator}" + (
         f" at {artifact.revision}" if artifact.revision else ""
     )
@@ -309,13 +314,11 @@ def rehydrate(artifact: Artifact) -> Artifact:
         scratch.replace(target)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    artifact.set_state(
-        ArtifactState.READY,
-        f"rehydrated from {tried}, every digest verified",
-        store_path=str(store_dir(artifact)),
-        failure_code="",
-        failure_message="",
-    )
+    artifact.store_path = str(store_dir(artifact))
+    artifact.failure_code, artifact.failure_message = "", ""
+    artifact.save(update_fields=["store_path", "failure_code", "failure_message"])
+    # The bytes match the record; the rules still decide whether it may be used.
+    judge(artifact, run_checks(artifact), detail=f"rehydrated from {tried}, every digest verified")
     return artifact
 
 

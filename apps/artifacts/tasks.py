@@ -10,9 +10,14 @@ from apps.artifacts.models import Artifact, ArtifactState
 
 @shared_task(name="artifacts.acquire")
 def acquire(artifact_id: int) -> str:
+    from apps.artifacts import codes
+
     artifact = Artifact.objects.filter(pk=artifact_id).first()
     if artifact is None or artifact.state not in (ArtifactState.REQUESTED, ArtifactState.FAILED):
         return "skipped"
+    if artifact.failure_code == codes.ARTIFACT_REHYDRATION_BLOCKED:
+        # Acquiring again would record whatever the upstream holds now under the old identity.
+        return "blocked"
     acquisition.acquire(artifact)
     return artifact.state
 
@@ -48,8 +53,13 @@ def watch_replica(replica_id: int) -> str:
 
 @shared_task(name="artifacts.rehydrate")
 def rehydrate(artifact_id: int) -> str:
+    from modelforge.errors import ApiError
+
     artifact = Artifact.objects.filter(pk=artifact_id).first()
     if artifact is None:
         return "skipped"
-    acquisition.rehydrate(artifact)
+    try:
+        acquisition.rehydrate(artifact)
+    except ApiError as exc:
+        return exc.code
     return artifact.state

@@ -247,3 +247,34 @@ def test_the_dashboard_shows_quarantine_and_releases_with_a_reason(client, tmp_p
     assert (
         item.state == "ready" and item.events.filter(by="ops", detail__contains="internal, trusted").exists()
     )
+
+
+def test_rehydration_is_never_a_way_out_of_quarantine(tmp_path):
+    from modelforge.errors import ApiError
+
+    source = tmp_path / "p"
+    source.mkdir()
+    (source / "model.bin").write_bytes(b"pickle")
+    item = artifact(source_kind="local", locator=str(source))
+    acquisition.acquire(item)
+    item.refresh_from_db()
+    assert item.state == "quarantined"
+    with pytest.raises(ApiError) as caught:
+        acquisition.rehydrate(item)
+    assert caught.value.code == "ARTIFACT_QUARANTINED"
+    item.refresh_from_db()
+    assert item.state == "quarantined"
+
+
+def test_a_blocked_rehydration_is_not_undone_by_a_retry(tmp_path):
+    from apps.artifacts.tasks import acquire
+
+    item = artifact(
+        source_kind="local",
+        locator=str(tmp_path / "gone"),
+        state="failed",
+        failure_code="ARTIFACT_REHYDRATION_BLOCKED",
+    )
+    assert acquire(item.pk) == "blocked"
+    item.refresh_from_db()
+    assert item.failure_code == "ARTIFACT_REHYDRATION_BLOCKED"
