@@ -40,19 +40,12 @@ class ArtifactSerializer(serializers.ModelSerializer):
             "acquired_at",
             "events",
         ]
+        # Only the upstream identity is written by a client; everything else the platform records.
         read_only_fields = [
-            "state",
-            "format",
-            "files",
-            "size_bytes",
-            "progress_bytes",
-            "checks",
-            "quarantine_rule",
-            "failure_code",
-            "failure_message",
-            "created_at",
-            "acquired_at",
-            "events",
+            f
+            for f in fields
+            if f
+            not in {"name", "source_kind", "locator", "revision", "expected_sha256", "licence", "encrypted"}
         ]
 
     def validate_expected_sha256(self, value: Any) -> dict[str, str]:

@@ -161,17 +161,8 @@ class EnrollmentTokenSerializer(serializers.ModelSerializer):
             "node_name",
             "ttl_seconds",
         ]
-        read_only_fields = [
-            "id",
-            "display_prefix",
-            "created_at",
-            "expires_at",
-            "used_at",
-            "revoked_at",
-            "state",
-            "node",
-            "node_name",
-        ]
+        # A client writes the note and the lifetime; the rest is the token's record.
+        read_only_fields = [f for f in fields if f not in {"note", "ttl_seconds"}]
 
 
 class MintedTokenSerializer(EnrollmentTokenSerializer):
