@@ -13,7 +13,7 @@ NAVIGATION: list[dict[str, str | None]] = [
     {"key": "servers", "label": "Model servers", "url_name": "servers:list"},
     {"key": "clusters", "label": "Clusters", "url_name": "clusters:list"},
     {"key": "artifacts", "label": "Artifacts", "url_name": "artifacts:list"},
-    {"key": "backups", "label": "Backups", "url_name": None},
+    {"key": "backups", "label": "Backups", "url_name": "backups:list"},
     {"key": "migrations", "label": "Migrations", "url_name": None},
     {"key": "alerts", "label": "Alerts", "url_name": "alerts:list"},
 ]

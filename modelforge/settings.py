@@ -88,6 +88,15 @@ ARTIFACT_MAX_BYTES = read.integer("MODELFORGE_ARTIFACT_MAX_BYTES", 200 * 2**30, 
 ARTIFACT_REQUIRE_LICENCE = read.boolean("MODELFORGE_ARTIFACT_REQUIRE_LICENCE", False)
 ARTIFACT_TIMEOUT_S = read.integer("MODELFORGE_ARTIFACT_TIMEOUT_S", 30, minimum=1, maximum=3600)
 ARTIFACT_HF_ENDPOINT = read.string("MODELFORGE_ARTIFACT_HF_ENDPOINT", "https://huggingface.co") or ""
+# Backups (docs/operations/RUNBOOK_DATABASE_RESTORE.md): where snapshots go, when the newest verified one
+# is stale (26 h: a daily schedule plus slack), retention, and PostgreSQL's tools of the server's major.
+BACKUP_ROOT = Path(read.string("MODELFORGE_BACKUP_ROOT", str(MODELFORGE_HOME / "backups")) or "")
+BACKUP_STALE_AFTER = read.integer("MODELFORGE_BACKUP_STALE_AFTER", 26 * 3600, minimum=60, maximum=90 * 86400)
+BACKUP_KEEP = read.integer("MODELFORGE_BACKUP_KEEP", 7, minimum=1, maximum=10_000)
+BACKUP_KEEP_DAYS = read.integer("MODELFORGE_BACKUP_KEEP_DAYS", 14, minimum=0, maximum=3650)
+BACKUP_RESTORE_JOBS = read.integer("MODELFORGE_BACKUP_RESTORE_JOBS", 2, minimum=1, maximum=64)
+BACKUP_MAINTENANCE_DATABASE = read.string("MODELFORGE_BACKUP_MAINTENANCE_DATABASE", "postgres") or "postgres"
+PG_BIN_DIR = read.string("MODELFORGE_PG_BIN_DIR", "") or ""
 SERVER_START_TIMEOUT = read.integer("MODELFORGE_SERVER_START_TIMEOUT", 300, minimum=5, maximum=3600)
 
 MODELFORGE_CONFIG_PROBLEMS = startup.collect_problems(
@@ -123,6 +132,7 @@ INSTALLED_APPS = [
     "apps.servers",
     "apps.clusters",
     "apps.artifacts",
+    "apps.backups",
 ]
 
 MIDDLEWARE = [
@@ -273,7 +283,10 @@ CELERY_BEAT_SCHEDULE = {
     "ping-online-nodes": {"task": "nodes.ping_online_nodes", "schedule": 60.0},
     "reconcile-servers": {"task": "servers.reconcile", "schedule": 30.0},
     "clear-settled-churn": {"task": "clusters.clear_settled_churn", "schedule": 60.0},
+    "backup-housekeeping": {"task": "backups.housekeeping", "schedule": 60.0},
 }
+# The backup schedule itself is a crontab row created by apps/backups/migrations (daily, 02:00 UTC) and
+# edited in the admin: entries here are rewritten by beat at every start, admin edits would not last.
 
 # --- Logging --------------------------------------------------------------------------------------------
 

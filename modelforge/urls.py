@@ -11,6 +11,7 @@ api_patterns: list[URLPattern | URLResolver] = [
     path("", include("apps.servers.api.urls")),
     path("", include("apps.clusters.api.urls")),
     path("", include("apps.artifacts.api.urls")),
+    path("", include("apps.backups.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
 ]
 
@@ -25,6 +26,7 @@ urlpatterns = [
     path("servers/", include("apps.servers.urls")),
     path("clusters/", include("apps.clusters.urls")),
     path("artifacts/", include("apps.artifacts.urls")),
+    path("backups/", include("apps.backups.urls")),
     path("", include("apps.core.urls")),
 ]
 

@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.alerts.models import Alert
+from apps.backups import codes, restore, snapshot
+from apps.backups.api.serializers import (
+    BackupSerializer,
+    BackupSummarySerializer,
+    RestoreRequestSerializer,
+    RestoreSerializer,
+    ReviewSerializer,
+)
+from apps.backups.models import Backup, BackupState, Restore, ReviewDecision
+from apps.backups.tasks import run_restore, take_backup, verify_backup
+
+
+def _who(request: Request) -> str:
+    return str(getattr(request.user, "username", request.user))
+
+
+class BackupViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Backups of the control-plane database: queued, running, completed, verified (restore-eligible) or
+    failed with a reason code. ``POST`` takes one now; verification follows automatically."""
+
+    queryset = Backup.objects.prefetch_related("events")
+    serializer_class = BackupSerializer
+    filterset_fields = ["state", "reason_code", "trigger"]
+
+    @extend_schema(request=None, responses={202: BackupSerializer})
+    def create(self, request: Request) -> Response:
+        backup = snapshot.request_backup(trigger="operator", by=_who(request))
+        transaction.on_commit(lambda: take_backup.delay(backup.pk))
+        return Response(BackupSerializer(backup).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={202: BackupSerializer})
+    @action(detail=True, methods=["post"])
+    def verify(self, request: Request, pk: Any = None) -> Response:
+        """Verify again (a verified backup whose files changed becomes failed / VERIFICATION_FAILED)."""
+        backup = self.get_object()
+        if backup.state not in (BackupState.COMPLETED, BackupState.VERIFIED):
+            return Response(BackupSerializer(backup).data, status=status.HTTP_200_OK)
+        transaction.on_commit(lambda: verify_backup.delay(backup.pk))
+        return Response(BackupSerializer(backup).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(responses=BackupSummarySerializer)
+    @action(detail=False, methods=["get"])
+    def summary(self, request: Request) -> Response:
+        """The current RPO exposure (now minus the newest verified backup's snapshot) and staleness."""
+        newest = Backup.objects.newest_verified()
+        stale = Alert.objects.open().filter(code=codes.BACKUP_STALE).exists()
+        data = {
+            "newest_verified": BackupSerializer(newest).data if newest else None,
+            "rpo_exposure_seconds": snapshot.rpo_exposure(),
+            "stale_after_seconds": settings.BACKUP_STALE_AFTER,
+            "stale": stale,
+            "backup_root": str(settings.BACKUP_ROOT),
+        }
+        return Response(data)
+
+
+class RestoreViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Restores of verified backups, by an operator, in recorded phases. A restore that stops mid-phase is
+    ``RESTORE_FAILED`` and waits for ``acknowledge`` or ``abandon``; nothing resumes it."""
+
+    queryset = Restore.objects.select_related("backup").prefetch_related("phases")
+    serializer_class = RestoreSerializer
+    filterset_fields = ["state", "needs_review", "backup"]
+
+    @extend_schema(request=RestoreRequestSerializer, responses={202: RestoreSerializer})
+    def create(self, request: Request) -> Response:
+        if isinstance(request.data, dict) and request.data.get("point_in_time") is not None:
+            raise restore.refuse_point_in_time()
+        data = RestoreRequestSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        queued = restore.request_restore(
+            data.validated_data["backup"], by=_who(request), reason=data.validated_data["reason"]
+        )
+        transaction.on_commit(lambda: run_restore.delay(queued.pk))
+        return Response(RestoreSerializer(queued).data, status=status.HTTP_202_ACCEPTED)
+
+    def _review(self, request: Request, decision: str) -> Response:
+        data = ReviewSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        done = restore.review(
+            self.get_object(), decision=decision, by=_who(request), note=data.validated_data["reason"]
+        )
+        return Response(RestoreSerializer(done).data)
+
+    @extend_schema(request=ReviewSerializer, responses=RestoreSerializer)
+    @action(detail=True, methods=["post"])
+    def acknowledge(self, request: Request, pk: Any = None) -> Response:
+        """Review a failed restore: its outcome stands (recorded with who and why)."""
+        return self._review(request, ReviewDecision.ACKNOWLEDGE)
+
+    @extend_schema(request=ReviewSerializer, responses=RestoreSerializer)
+    @action(detail=True, methods=["post"])
+    def abandon(self, request: Request, pk: Any = None) -> Response:
+        """Review a failed restore: drop its left-over database (never the one in service)."""
+        return self._review(request, ReviewDecision.ABANDON)

@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class BackupsConfig(AppConfig):
+    """Backups: verified snapshots of the control-plane database, staleness, phased restore."""
+
+    name = "apps.backups"
+    label = "backups"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,190 @@
+"""Verifying a backup: its files against the manifest, a restore into a scratch database, the platform
+invariants and the key tables' row counts checked there. Only a verified backup is restore-eligible.
+
+1. Read the manifest; every file it lists must exist with its size and SHA-256 (a flipped byte fails
+   here, naming the file).
+2. Restore the dump into a fresh scratch database with pg_restore.
+3. Run the invariants (authoritative tables only) and compare row counts with the manifest's.
+4. Drop the scratch database, whatever happened; record every step's outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from django.utils import timezone
+
+from apps.alerts.models import Alert
+from apps.backups import codes, pgtools, snapshot
+from apps.backups.models import Backup, BackupState
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Invariant:
+    """A property the platform's own state always has; ``query`` counts the rows that break it."""
+
+    name: str
+    description: str
+    query: str
+
+
+INVARIANTS = [
+    Invariant(
+        "one_installation",
+        "at most one installation row (the singleton)",
+        "SELECT greatest(count(*) - 1, 0) FROM core_installation",
+    ),
+    Invariant(
+        "one_open_alert_per_key",
+        "at most one open alert per de-duplication key",
+        "SELECT count(*) FROM (SELECT dedup_key FROM alerts_alert WHERE cleared_at IS NULL "
+        "GROUP BY dedup_key HAVING count(*) > 1) AS d",
+    ),
+    Invariant(
+        "gpu_memory_bounds",
+        "every GPU's managed <= used <= total memory",
+        "SELECT count(*) FROM nodes_gpu WHERE NOT (0 <= memory_managed_bytes "
+        "AND memory_managed_bytes <= memory_used_bytes AND memory_used_bytes <= memory_total_bytes)",
+    ),
+    Invariant(
+        "reservations_on_their_node",
+        "every GPU reservation is on a GPU of the node it names",
+        "SELECT count(*) FROM servers_reservation r JOIN nodes_gpu g ON g.id = r.gpu_id "
+        "WHERE g.node_id <> r.node_id",
+    ),
+    Invariant(
+        "credentials_hashed",
+        "every client credential and node credential is stored as a 64-hex digest",
+        "SELECT (SELECT count(*) FROM clusters_clientcredential WHERE secret_hash !~ '^[0-9a-f]{64}$') "
+        "+ (SELECT count(*) FROM nodes_node WHERE credential_hash !~ '^[0-9a-f]{64}$')",
+    ),
+    Invariant(
+        "verified_backups_have_files",
+        "every verified backup records its files and snapshot time",
+        "SELECT count(*) FROM backups_backup WHERE state = 'verified' "
+        "AND (jsonb_array_length(files) = 0 OR consistent_as_of IS NULL)",
+    ),
+]
+
+
+class VerificationFailed(Exception):
+    def __init__(self, step: str, message: str):
+        super().__init__(message)
+        self.step = step
+        self.message = message
+
+
+def check_files(directory: Path, manifest: dict[str, Any] | None, recorded: list[dict[str, Any]]) -> None:
+    """Every file the manifest lists matches its size and digest (and the manifest matches the record)."""
+    if manifest is None:
+        raise VerificationFailed(
+            "manifest", f"{snapshot.MANIFEST_FILE} is missing or unreadable in {directory}"
+        )
+    files = manifest.get("files") or []
+    if not files:
+        raise VerificationFailed("manifest", "the manifest lists no files")
+    if recorded and [(f["name"], f["sha256"]) for f in files] != [(f["name"], f["sha256"]) for f in recorded]:
+        raise VerificationFailed("manifest", "the manifest on disk does not match the recorded one")
+    for entry in files:
+        path = directory / entry["name"]
+        if not path.is_file():
+            raise VerificationFailed("digests", f"{entry['name']} is missing")
+        size = path.stat().st_size
+        if size != entry["size"]:
+            raise VerificationFailed(
+                "digests", f"{entry['name']}: {size} bytes, the manifest says {entry['size']}"
+            )
+        found = snapshot.sha256_file(path)
+        if found != entry["sha256"]:
+            raise VerificationFailed(
+                "digests", f"{entry['name']}: sha256 {found} does not match the manifest's {entry['sha256']}"
+            )
+
+
+def check_invariants(conn: psycopg.Connection[Any]) -> None:
+    """Every platform invariant holds in the database behind ``conn``."""
+    broken = []
+    for invariant in INVARIANTS:
+        row = conn.execute(invariant.query).fetchone()
+        if row and row[0]:
+            broken.append(f"{invariant.name} ({invariant.description}): {row[0]} rows break it")
+    if broken:
+        raise VerificationFailed("invariants", "; ".join(broken))
+
+
+def check_database(conn: psycopg.Connection[Any], manifest: dict[str, Any]) -> dict[str, Any]:
+    """Invariants, schema revision and row counts of a restored database against its manifest."""
+    check_invariants(conn)
+    revision, _ = snapshot.read_schema_revision(conn)
+    if revision != manifest.get("schema_revision"):
+        raise VerificationFailed("schema", "the restored schema revision differs from the manifest's")
+    expected: dict[str, int] = manifest.get("row_counts") or {}
+    found = snapshot.count_rows(conn, sorted(expected))
+    differences = [
+        f"{t}: {found.get(t)} rows, manifest {n}" for t, n in expected.items() if found.get(t) != n
+    ]
+    if differences:
+        raise VerificationFailed("row_counts", "; ".join(differences))
+    return {"invariants": len(INVARIANTS), "tables_counted": len(expected), "rows": sum(expected.values())}
+
+
+def restore_and_check(server: pgtools.Server, archive: Path, database: str, manifest: dict[str, Any]) -> dict:
+    pgtools.create_database(server, database)
+    started = time.monotonic()
+    try:
+        pgtools.pg_restore(server, archive, database)
+    except RuntimeError as exc:
+        raise VerificationFailed("restore", str(exc)) from exc
+    restored_s = time.monotonic() - started
+    with server.connect(database) as conn:
+        result = check_database(conn, manifest)
+    return {**result, "restore_seconds": round(restored_s, 3)}
+
+
+def verify(backup_id: int) -> str:
+    """Verify a completed (or re-verify a verified) backup; returns its state afterwards."""
+    backup = Backup.objects.filter(pk=backup_id).first()
+    if backup is None or backup.state not in (BackupState.COMPLETED, BackupState.VERIFIED):
+        return "skipped"
+    server = pgtools.service_server()
+    directory = Path(backup.directory)
+    scratch = f"mf_verify_{backup.pk}_{secrets.token_hex(4)}"
+    steps: dict[str, Any] = {"started_at": timezone.now().isoformat()}
+    started = time.monotonic()
+    try:
+        manifest = snapshot.read_manifest(directory)
+        check_files(directory, manifest, backup.files)
+        assert manifest is not None
+        steps["digests"] = "ok"
+        steps.update(restore_and_check(server, directory / snapshot.DUMP_FILE, scratch, manifest))
+    except VerificationFailed as failure:
+        steps.update(ok=False, failed_step=failure.step, message=failure.message)
+        backup.set_state(
+            BackupState.FAILED,
+            detail=f"{codes.VERIFICATION_FAILED} at {failure.step}: {failure.message}",
+            reason_code=codes.VERIFICATION_FAILED,
+            reason_message=f"{failure.step}: {failure.message}",
+            verification=steps,
+        )
+        snapshot.raise_failed_alert(backup)
+        return backup.state
+    finally:
+        pgtools.drop_database(server, scratch)
+    steps.update(ok=True, seconds=round(time.monotonic() - started, 3))
+    backup.set_state(
+        BackupState.VERIFIED,
+        detail=f"restored into a scratch database and checked in {steps['seconds']} s",
+        verified_at=timezone.now(),
+        verification=steps,
+    )
+    Alert.objects.clear_for([codes.BACKUP_FAILED], *snapshot.INSTALLATION_SUBJECT[:2])
+    snapshot.check_staleness()
+    return backup.state
