@@ -114,6 +114,10 @@ def run() -> int:
     env.setdefault("MODELFORGE_LOCAL_NODE", env["MODELFORGE_AGENT_NAME"])
 
     say(f"data folder {home}")
+    # The backup root of the embedded default (a configured MODELFORGE_BACKUP_ROOT is the operator's to
+    # provide: a missing one is refused as DESTINATION_UNAVAILABLE, never created behind their back).
+    if not env.get("MODELFORGE_BACKUP_ROOT"):
+        (home / "backups").mkdir(parents=True, exist_ok=True)
     try:
         stack = EmbeddedStack.from_environment(home, env)
         env.update(stack.start())

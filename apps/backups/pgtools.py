@@ -49,8 +49,8 @@ class Server:
             PGPORT=str(self.port),
             PGUSER=self.user,
             PGDATABASE=database or self.database,
-            PGAPPNAME="modelforge-backups",
         )
+        env.pop("PGAPPNAME", None)  # the tools name themselves (pg_dump, pg_restore) in pg_stat_activity
         if self.password:
             env["PGPASSWORD"] = self.password
         else:

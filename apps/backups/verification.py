@@ -165,7 +165,14 @@ def verify(backup_id: int) -> str:
         assert manifest is not None
         steps["digests"] = "ok"
         steps.update(restore_and_check(server, directory / snapshot.DUMP_FILE, scratch, manifest))
-    except VerificationFailed as failure:
+    except (VerificationFailed, psycopg.Error, OSError) as error:
+        # Fail closed: a backup that could not be checked (no right to create the scratch database, the
+        # server gone) is not restore-eligible either; the message says which step and why.
+        failure = (
+            error
+            if isinstance(error, VerificationFailed)
+            else VerificationFailed("scratch", f"{type(error).__name__}: {error}")
+        )
         steps.update(ok=False, failed_step=failure.step, message=failure.message)
         backup.set_state(
             BackupState.FAILED,

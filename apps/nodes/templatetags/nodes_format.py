@@ -16,7 +16,7 @@ def duration(seconds: float | int | None) -> str:
     """Seconds as the largest sensible units: ``45 s``, ``12 min 5 s``, ``3 h 20 min``, ``2 d 4 h``."""
     if seconds is None:
         return "—"
-    total = int(round(float(seconds)))
+    total = round(float(seconds))
     days, rest = divmod(total, 86400)
     hours, rest = divmod(rest, 3600)
     minutes, secs = divmod(rest, 60)
