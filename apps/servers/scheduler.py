@@ -178,7 +178,9 @@ WITH units AS ({units_sql}),{per_node}
 SELECT n.id
 FROM per_node pn JOIN {Node._meta.db_table} n ON n.id = pn.node_id
 WHERE pn.fitting >= %(k)s::bigint AND COALESCE(n.shm_total_bytes, 0) >= %(shm)s::bigint
-ORDER BY (n.models_present @> %(model)s::jsonb) DESC,
+ORDER BY EXISTS (SELECT 1 FROM artifacts_replica r WHERE r.node_id = n.id
+                 AND r.artifact_id = %(artifact)s AND r.state = 'present') DESC,
+         (n.models_present @> %(model)s::jsonb) DESC,
          CASE WHEN %(spread)s THEN -pn.left_over ELSE pn.left_over END, n.name
 LIMIT %(limit)s
 """  # noqa: S608
@@ -247,8 +249,24 @@ class Candidate:
     units: list[Unit]
 
 
+def _replica_nodes(artifact: Any) -> frozenset[Any]:
+    """The nodes where this artifact's replica is recorded present (placement prefers them)."""
+    if artifact is None:
+        return frozenset()
+    from apps.artifacts.models import Replica, ReplicaState
+
+    present = Replica.objects.filter(artifact=artifact, state=ReplicaState.PRESENT)
+    return frozenset(present.values_list("node_id", flat=True))
+
+
 def _candidates(
-    cursor: Any, profile: RuntimeProfile, model: str, gpus: int, now: datetime, only: list[Any] | None
+    cursor: Any,
+    profile: RuntimeProfile,
+    model: str,
+    gpus: int,
+    now: datetime,
+    only: list[Any] | None,
+    replica_nodes: frozenset[Any] = frozenset(),
 ) -> list[Candidate]:
     cursor.execute(
         _GPU_HEADROOM if gpus else _RAM_HEADROOM,
@@ -265,7 +283,9 @@ def _candidates(
         if candidate is None:
             # Django's backend hands jsonb to raw cursors as text (the ORM parses it itself).
             present = json.loads(models) if isinstance(models, str) else (models or [])
-            local = any(isinstance(m, dict) and m.get("name") == model for m in present)
+            local = node_id in replica_nodes or any(
+                isinstance(m, dict) and m.get("name") == model for m in present
+            )
             candidate = found[node_id] = Candidate(node_id, name, shm or 0, local, [])
         candidate.units.append(Unit(gpu_id, index, total or 0, used or 0, int(pending)))
     return list(found.values())
@@ -344,6 +364,7 @@ def place(request: Request, now: datetime | None = None) -> ModelServer:
             raise ApiError("VALIDATION_ERROR", f"No node is named {request.node!r}.", 400)
         only = [pinned]
 
+    replicas = _replica_nodes(request.artifact)
     with transaction.atomic():
         with connection.cursor() as cursor:
             # 1. The best few nodes, ranked in SQL; then their details, for the choice and the explanation.
@@ -359,11 +380,15 @@ def place(request: Request, now: datetime | None = None) -> ModelServer:
                     "k": max(gpus, 1),
                     "shm": profile.shm_bytes,
                     "model": json.dumps([{"name": request.model}]),
+                    # Locality: a node with a replica recorded present first, then one reporting the model.
+                    "artifact": request.artifact.pk if request.artifact is not None else None,
                     "limit": EXPLAIN_RUNNERS_UP + 1,
                 },
             )
             best = [row[0] for row in cursor.fetchall()]
-            candidates = _candidates(cursor, profile, request.model, gpus, now, best) if best else []
+            candidates = (
+                _candidates(cursor, profile, request.model, gpus, now, best, replicas) if best else []
+            )
             verdicts = [_judge(c, profile, gpus, need, rule) for c in candidates]
             tried: set[str] = set()
             server = _claim(cursor, request, profile, gpus, need, rule, now, candidates, verdicts, tried)
@@ -371,7 +396,7 @@ def place(request: Request, now: datetime | None = None) -> ModelServer:
                 return server
             # 2. Nothing fits, or concurrent placements took every ranked fit: judge every eligible node,
             #    try any fit not tried yet, and otherwise explain the refusal with every node's numbers.
-            candidates = _candidates(cursor, profile, request.model, gpus, now, only)
+            candidates = _candidates(cursor, profile, request.model, gpus, now, only, replicas)
             verdicts = [_judge(c, profile, gpus, need, rule) for c in candidates]
             server = _claim(cursor, request, profile, gpus, need, rule, now, candidates, verdicts, tried)
             if server is not None:

@@ -65,7 +65,7 @@ class Service:
 
     def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         with self.connect() as conn:
-            return conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
+            return conn.execute(sql, params).fetchall()
 
     def mark(self, label: str) -> datetime:
         """A marker row in an authoritative table, written now; returns when."""

@@ -275,3 +275,24 @@ def test_a_server_of_an_artifact_takes_its_name_size_and_encryption(settings):
     with pytest.raises(ApiError) as caught:
         place(Request(name="q", profile="test-echo", model="", artifact=quarantined))
     assert (caught.value.code, caught.value.status) == ("ARTIFACT_NOT_READY", 409)
+
+
+def test_placement_prefers_a_node_with_a_replica_recorded_present():
+    from apps.artifacts.models import Artifact, Replica
+
+    weights = Artifact.objects.create(
+        name="w", source_kind="local", locator="/w", state="ready", format="safetensors_dir", size_bytes=GIB
+    )
+    gpu_node("roomy", [(80, 0, 0)])
+    holder = gpu_node("holder", [(24, 0, 0)])
+    copying = gpu_node("copying", [(24, 0, 0)])
+    Replica.objects.create(artifact=weights, node=copying, state="copying", name="w")
+    assert placed_on(
+        place(Request(name="a", profile="test-echo-gpu", model="", gpus=1, artifact=weights))
+    ) == (
+        "roomy"  # no replica present anywhere: spread decides
+    )
+    Replica.objects.create(artifact=weights, node=holder, state="present", name="w")
+    assert placed_on(
+        place(Request(name="b", profile="test-echo-gpu", model="", gpus=1, artifact=weights))
+    ) == ("holder")
