@@ -11,8 +11,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
-import httpx
+from agent import transfer
 
 logger = logging.getLogger("agent.replicas")
 
@@ -70,12 +71,8 @@ class ReplicaManager:
         incoming = self.models_dir / ".incoming" / replica.replica_id
         try:
             incoming.mkdir(parents=True, exist_ok=True)
-            with httpx.Client(
-                timeout=httpx.Timeout(60.0, connect=10.0),
-                headers={"Authorization": f"Bearer {self.credential}"},
-            ) as client:
-                for item in spec["files"]:
-                    self._fetch(client, replica, spec["base_url"], item, incoming)
+            for item in spec["files"]:
+                self._fetch(replica, spec["base_url"], item, incoming)
             self._place(replica, spec, incoming)
             replica.state = PRESENT
             logger.info("replica %s (%s) is present", replica.replica_id, replica.name)
@@ -83,9 +80,7 @@ class ReplicaManager:
             replica.state, replica.reason = FAILED, str(exc)[:500]
             logger.warning("replica %s failed: %s", replica.replica_id, replica.reason)
 
-    def _fetch(
-        self, client: httpx.Client, replica: Replica, base_url: str, item: dict[str, Any], incoming: Path
-    ) -> None:
+    def _fetch(self, replica: Replica, base_url: str, item: dict[str, Any], incoming: Path) -> None:
         relative = Path(item["path"])
         if relative.is_absolute() or ".." in relative.parts:
             raise ValueError(f"refusing the file name {item['path']!r}")
@@ -98,20 +93,31 @@ class ReplicaManager:
             with partial.open("rb") as reader:
                 for block in iter(lambda: reader.read(CHUNK), b""):
                     sha.update(block)
-        headers = {"Range": f"bytes={have}-"} if have else {}
-        url = f"{self.control_plane_url}{base_url.rstrip('/')}/{item['path']}"
-        with client.stream("GET", url, headers=headers) as response:
-            if response.status_code not in (200, 206):
-                raise RuntimeError(f"GET {item['path']} answered {response.status_code}")
-            if response.status_code == 200 and have:
+            replica.done += have
+        headers = {"Authorization": f"Bearer {self.credential}"}
+        if have:
+            headers["Range"] = f"bytes={have}-"
+        url = f"{self.control_plane_url}{base_url.rstrip('/')}/{quote(item['path'])}"
+        response = transfer.open_get(url, headers, timeout=60.0)
+        try:
+            if response.status not in (200, 206):
+                raise RuntimeError(f"GET {item['path']} answered {response.status}")
+            if response.status == 200 and have:
                 sha = hashlib.sha256()  # the server sent it whole: start over
-            mode = "ab" if response.status_code == 206 else "wb"
+                replica.done -= have
+            mode = "ab" if response.status == 206 else "wb"
             with partial.open(mode) as writer:
-                # Hashed as it arrives: one pass over the bytes, not a second read of the file.
-                for block in response.iter_raw(CHUNK):
-                    writer.write(block)
+
+                def consume(block: memoryview) -> None:
+                    # Hashed as it arrives (one pass over the bytes), on a thread of its own while the
+                    # next block is received: hashlib and file writes release the GIL.
                     sha.update(block)
+                    writer.write(block)
                     replica.done += len(block)
+
+                response.pipe(consume)
+        finally:
+            response.close()
         if sha.hexdigest() != item["sha256"]:
             partial.unlink()
             raise RuntimeError(f"{item['path']}: SHA-256 does not match the artifact's record; discarded")

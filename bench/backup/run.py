@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import throwaway_stack  # noqa: E402
+from common import throwaway_stack
 
 
 def fill(size_mb: int) -> None:
@@ -53,8 +53,8 @@ def fill(size_mb: int) -> None:
                 [batch],
             )
             cursor.execute(
-                "INSERT INTO alerts_alert (code, severity, subject_type, subject_id, subject_name, dedup_key, "
-                "message, raised_at, last_raised_at, occurrences, cleared_at) "
+                "INSERT INTO alerts_alert (code, severity, subject_type, subject_id, subject_name, "
+                "dedup_key, message, raised_at, last_raised_at, occurrences, cleared_at) "
                 "SELECT 'NODE_STALE', 'warning', 'node', i::text, 'bench-' || i, md5(random()::text), "
                 "'Node bench-' || i || ' missed three heartbeats; ' || md5(i::text), "
                 "now(), now(), 1, now() FROM generate_series(1, %s) AS i",
@@ -92,7 +92,9 @@ def main() -> int:
         raw_file = workdir / "raw.dump"
         results: dict[str, list[float]] = {k: [] for k in ("raw_dump", "raw_restore", "backup", "verify")}
         for round_number in range(1, args.rounds + 1):
-            dump_s = timed([pgtools.tool("pg_dump"), "--format=custom", f"--file={raw_file}", server.database], env)
+            dump_s = timed(
+                [pgtools.tool("pg_dump"), "--format=custom", f"--file={raw_file}", server.database], env
+            )
             dump_s += timed(["sha256sum", str(raw_file)], env)
             results["raw_dump"].append(dump_s)
             pgtools.drop_database(server, "bench_raw_restore")
@@ -114,7 +116,8 @@ def main() -> int:
             assert state == "verified", Backup.objects.get(pk=backup.pk).reason_message
             size = Backup.objects.get(pk=backup.pk).size_bytes
             print(
-                f"round {round_number}: raw dump+sha256 {dump_s:.2f} s, backup {results['backup'][-1]:.2f} s; "
+                f"round {round_number}: raw dump+sha256 {dump_s:.2f} s, "
+                f"backup {results['backup'][-1]:.2f} s; "
                 f"raw pg_restore {results['raw_restore'][-1]:.2f} s, verify {results['verify'][-1]:.2f} s "
                 f"(dump {size / 1e6:.0f} MB)",
                 flush=True,

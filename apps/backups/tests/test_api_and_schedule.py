@@ -24,7 +24,7 @@ from tests.fixtures import wait_until
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def verified_backup(directory: Path | None = None, *, at=None, **fields) -> Backup:  # type: ignore[no-untyped-def]
+def verified_backup(directory: Path | None = None, *, at=None, **fields) -> Backup:
     """A verified backup record (its files are what the record says; used where only the record matters)."""
     at = at or timezone.now()
     if directory is not None:
