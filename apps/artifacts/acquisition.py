@@ -273,6 +273,37 @@ def release(artifact: Artifact, *, by: str, reason: str) -> Artifact:
     return artifact
 
 
+AMENDABLE = ("licence", "expected_sha256")
+
+
+def amend(artifact: Artifact, *, by: str, reason: str, changes: dict[str, Any]) -> Artifact:
+    """Correct a quarantined artifact's record (its licence, the digests it must match), recorded with
+    who, why and the values before and after. It stays quarantined: only ``release`` (a fresh pass of
+    every check) lets it out."""
+    if artifact.state != ArtifactState.QUARANTINED:
+        raise ApiError(
+            codes.ARTIFACT_NOT_QUARANTINED,
+            f"Artifact {artifact.name} is {artifact.state}; only a quarantined artifact's record is amended.",
+            409,
+        )
+    if not reason.strip():
+        raise ApiError("VALIDATION_ERROR", "Say why the record changes (reason).", 400)
+    unknown = set(changes) - set(AMENDABLE)
+    if unknown or not changes:
+        raise ApiError("VALIDATION_ERROR", f"Only {', '.join(AMENDABLE)} can be amended.", 400)
+    before = {name: getattr(artifact, name) for name in changes}
+    for name, value in changes.items():
+        setattr(artifact, name, value)
+    artifact.save(update_fields=list(changes))
+    artifact.events.create(
+        from_state=artifact.state,
+        to_state=artifact.state,
+        by=by,
+        detail=f"record amended: {reason.strip()}; before {before}; after {changes}",
+    )
+    return artifact
+
+
 def discard(artifact: Artifact) -> None:
     shutil.rmtree(store_dir(artifact), ignore_errors=True)
 

@@ -60,6 +60,15 @@ class ReleaseSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=1000)
 
 
+class AmendSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=1000)
+    licence = serializers.CharField(max_length=100, required=False, allow_blank=True)
+    expected_sha256 = serializers.JSONField(required=False)
+
+    def validate_expected_sha256(self, value: Any) -> dict[str, str]:
+        return ArtifactSerializer().validate_expected_sha256(value)
+
+
 class ReplicaSerializer(serializers.ModelSerializer):
     node_name = serializers.CharField(source="node.name", read_only=True)
     artifact_name = serializers.CharField(source="artifact.name", read_only=True)

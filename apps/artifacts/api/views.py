@@ -10,7 +10,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.artifacts import acquisition, replication
-from apps.artifacts.api.serializers import ArtifactSerializer, ReleaseSerializer, ReplicaSerializer
+from apps.artifacts.api.serializers import (
+    AmendSerializer,
+    ArtifactSerializer,
+    ReleaseSerializer,
+    ReplicaSerializer,
+)
 from apps.artifacts.models import Artifact, ArtifactState, Replica
 from apps.artifacts.tasks import acquire
 from apps.artifacts.tasks import rehydrate as rehydrate_task
@@ -40,6 +45,22 @@ class ArtifactViewSet(
             self.get_object(),
             by=str(getattr(request.user, "username", request.user)),
             reason=data.validated_data["reason"],
+        )
+        return Response(ArtifactSerializer(artifact).data)
+
+    @extend_schema(request=AmendSerializer, responses=ArtifactSerializer)
+    @action(detail=True, methods=["post"])
+    def amend(self, request: Request, pk: Any = None) -> Response:
+        """Correct a quarantined artifact's licence or expected digests (who, why, before and after are
+        recorded); it stays quarantined until ``release`` passes every check again."""
+        data = AmendSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        changes = {k: v for k, v in data.validated_data.items() if k != "reason"}
+        artifact = acquisition.amend(
+            self.get_object(),
+            by=str(getattr(request.user, "username", request.user)),
+            reason=data.validated_data["reason"],
+            changes=changes,
         )
         return Response(ArtifactSerializer(artifact).data)
 

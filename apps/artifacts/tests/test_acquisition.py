@@ -278,3 +278,32 @@ def test_a_blocked_rehydration_is_not_undone_by_a_retry(tmp_path):
     assert acquire(item.pk) == "blocked"
     item.refresh_from_db()
     assert item.failure_code == "ARTIFACT_REHYDRATION_BLOCKED"
+
+
+def test_a_quarantined_records_licence_is_amended_with_who_and_why_then_released(
+    tmp_path, settings, operator_client
+):
+    source = tmp_path / "f.gguf"
+    source.write_bytes(b"GGUF")
+    item = artifact(source_kind="local", locator=str(source), state="quarantined", store_path=str(tmp_path))
+    item.files = [{"path": "f.gguf", "size": 4, "sha256": sha(b"GGUF")}]
+    item.size_bytes = 4
+    item.save()
+    settings.ARTIFACT_REQUIRE_LICENCE = True
+    url = f"/api/v1/artifacts/{item.pk}"
+    refused = operator_client.post(url + "/amend", {"reason": "", "licence": "apache-2.0"}, format="json")
+    assert refused.status_code == 400
+    refused = operator_client.post(url + "/amend", {"reason": "x", "name": "other"}, format="json")
+    assert refused.status_code == 400  # only licence and expected digests
+    amended = operator_client.post(
+        url + "/amend", {"reason": "upstream card says so", "licence": "apache-2.0"}, format="json"
+    )
+    assert amended.status_code == 200, amended.content
+    assert amended.json()["state"] == "quarantined"  # amending is not releasing
+    item.refresh_from_db()
+    event = item.events.get(detail__startswith="record amended")
+    assert event.by and "upstream card says so" in event.detail and "apache-2.0" in event.detail
+    released = operator_client.post(url + "/release", {"reason": "licence now recorded"}, format="json")
+    assert released.status_code == 200 and released.json()["state"] == "ready"
+    again = operator_client.post(url + "/amend", {"reason": "y", "licence": "mit"}, format="json")
+    assert again.status_code == 409 and again.json()["code"] == "ARTIFACT_NOT_QUARANTINED"
