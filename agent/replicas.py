@@ -4,6 +4,7 @@ verification is never placed, so it is never reported present."""
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import shutil
@@ -39,6 +40,18 @@ class Replica:
             "total_bytes": self.total,
             "reason": self.reason,
         }
+
+
+def reserve(fd: int, size: int) -> None:
+    """Allocate the file's blocks up front without changing its size (``FALLOC_FL_KEEP_SIZE``), so a
+    resumed transfer still reads how far it got from the size. Writing into allocated blocks measured
+    several times faster than growing the file block by block here; where the call is missing (not
+    Linux, a filesystem without it) the copy just runs without it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fallocate(ctypes.c_int(fd), ctypes.c_int(1), ctypes.c_longlong(0), ctypes.c_longlong(size))
+    except (OSError, AttributeError):
+        pass
 
 
 class ReplicaManager:
@@ -107,15 +120,15 @@ class ReplicaManager:
                 replica.done -= have
             mode = "ab" if response.status == 206 else "wb"
             with partial.open(mode) as writer:
+                reserve(writer.fileno(), int(item["size"]))
 
-                def consume(block: memoryview) -> None:
-                    # Hashed as it arrives (one pass over the bytes), on a thread of its own while the
-                    # next block is received: hashlib and file writes release the GIL.
-                    sha.update(block)
+                def write(block: memoryview) -> None:
                     writer.write(block)
                     replica.done += len(block)
 
-                response.pipe(consume)
+                # Hashed as it arrives (one pass over the bytes), beside the write: each on a thread of
+                # its own while the next block is received (hashlib and file writes release the GIL).
+                response.pipe(sha.update, write)
         finally:
             response.close()
         if sha.hexdigest() != item["sha256"]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 BUFFER = 8 << 20
-DEPTH = 3
+DEPTH = 4
 MAX_HEAD = 64 << 10
 
 
@@ -32,10 +32,12 @@ class Response:
     def close(self) -> None:
         self.sock.close()
 
-    def pipe(self, consume: Callable[[memoryview], None]) -> int:
-        """Hand the whole body to ``consume`` block by block (on a second thread); returns its length.
+    def pipe(self, *consumers: Callable[[memoryview], None]) -> int:
+        """Hand the whole body to every consumer, block by block, each on a thread of its own (hashing
+        and writing run side by side; both release the GIL); returns the body's length.
 
-        Raises if the connection ends early (what was consumed stays consumed: the caller resumes).
+        A block is reused only once every consumer is done with it. Raises if the connection ends early
+        (what was consumed stays consumed: the caller resumes).
         """
         if "chunked" in self.headers.get("transfer-encoding", "").lower():
             raise RuntimeError("the server sent a chunked body; a Content-Length is required")
@@ -44,23 +46,45 @@ class Response:
         except (KeyError, ValueError):
             raise RuntimeError("the server's answer has no Content-Length") from None
         free: queue.Queue[bytearray] = queue.Queue()
-        filled: queue.Queue[tuple[bytearray, int] | None] = queue.Queue()
         for _ in range(DEPTH):
             free.put(bytearray(BUFFER))
+        inboxes: list[queue.Queue[tuple[bytearray, int] | None]] = [queue.Queue() for _ in consumers]
+        pending_uses: dict[int, int] = {}
+        uses_lock = threading.Lock()
         failures: list[BaseException] = []
 
-        def work() -> None:
-            while (item := filled.get()) is not None:
+        def release(buffer: bytearray) -> None:
+            with uses_lock:
+                pending_uses[id(buffer)] -= 1
+                done = pending_uses[id(buffer)] == 0
+            if done:
+                free.put(buffer)
+
+        def work(
+            consume: Callable[[memoryview], None], inbox: queue.Queue[tuple[bytearray, int] | None]
+        ) -> None:
+            while (item := inbox.get()) is not None:
                 buffer, size = item
                 if not failures:
                     try:
                         consume(memoryview(buffer)[:size])
                     except BaseException as exc:  # handed back to the receiving thread
                         failures.append(exc)
-                free.put(buffer)
+                release(buffer)
 
-        worker = threading.Thread(target=work, name="transfer-consume", daemon=True)
-        worker.start()
+        workers = [
+            threading.Thread(target=work, args=(consume, inbox), name="transfer-consume", daemon=True)
+            for consume, inbox in zip(consumers, inboxes, strict=True)
+        ]
+        for worker in workers:
+            worker.start()
+
+        def hand_over(buffer: bytearray, size: int) -> None:
+            with uses_lock:
+                pending_uses[id(buffer)] = len(inboxes)
+            for inbox in inboxes:
+                inbox.put((buffer, size))
+
         pending = memoryview(self.first)
         remaining = length
         try:
@@ -74,16 +98,18 @@ class Response:
                 while size < target:
                     got = self.sock.recv_into(view[size:target])
                     if not got:
-                        filled.put((buffer, size))
+                        hand_over(buffer, size)
                         raise ConnectionError(
                             f"the connection closed after {length - remaining + size} of {length} bytes"
                         )
                     size += got
                 remaining -= size
-                filled.put((buffer, size))
+                hand_over(buffer, size)
         finally:
-            filled.put(None)
-            worker.join()
+            for inbox in inboxes:
+                inbox.put(None)
+            for worker in workers:
+                worker.join()
         if failures:
             raise failures[0]
         return length

@@ -1,0 +1,117 @@
+"""The agent's replica download over real HTTP on 127.0.0.1: a connection dropped mid-body leaves the
+part file, the next attempt resumes with Range and the digest covers the whole file; a wrong digest is
+discarded and never placed."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from agent import transfer
+from agent.replicas import FAILED, PRESENT, ReplicaManager
+
+DATA = os.urandom(transfer.BUFFER * 2 + 12345)
+
+
+class Served:
+    def __init__(self) -> None:
+        self.drop_after: int | None = None
+        self.ranges: list[str | None] = []
+        self.authorizations: list[str | None] = []
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Served, str]]:
+    state = Served()
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            state.ranges.append(self.headers.get("Range"))
+            state.authorizations.append(self.headers.get("Authorization"))
+            start = int(self.headers["Range"].split("=")[1].rstrip("-")) if self.headers.get("Range") else 0
+            body = DATA[start:]
+            self.send_response(206 if start else 200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if state.drop_after is not None:
+                self.wfile.write(body[: state.drop_after])
+                self.wfile.flush()
+                state.drop_after = None
+                self.close_connection = True
+                return
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield state, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def spec(sha256: str) -> dict[str, object]:
+    return {
+        "replica_id": "r1",
+        "name": "weights",
+        "base_url": "/files",
+        "files": [{"path": "model.safetensors", "size": len(DATA), "sha256": sha256}],
+    }
+
+
+def settle(manager: ReplicaManager) -> str:
+    deadline = time.monotonic() + 20
+    replica = manager.get("r1")
+    while replica is not None and replica.state == "copying" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert replica is not None
+    return replica.state
+
+
+def test_a_dropped_connection_leaves_the_part_and_the_retry_resumes_with_range(served, tmp_path: Path):
+    state, url = served
+    state.drop_after = transfer.BUFFER + 100
+    manager = ReplicaManager(tmp_path / "models", "node-credential", url)
+    manager.start(spec(hashlib.sha256(DATA).hexdigest()))
+    assert settle(manager) == FAILED
+    part = tmp_path / "models" / ".incoming" / "r1" / "model.safetensors.part"
+    assert part.stat().st_size == transfer.BUFFER + 100  # everything received was kept
+    assert not (tmp_path / "models" / "weights").exists()
+
+    manager.start(spec(hashlib.sha256(DATA).hexdigest()))
+    assert settle(manager) == PRESENT
+    assert state.ranges == [None, f"bytes={transfer.BUFFER + 100}-"]
+    assert set(state.authorizations) == {"Bearer node-credential"}
+    placed = tmp_path / "models" / "weights" / "model.safetensors"
+    assert placed.read_bytes() == DATA
+    assert manager.get("r1").done == len(DATA)  # type: ignore[union-attr]
+
+
+def test_a_wrong_digest_is_discarded_and_never_placed(served, tmp_path: Path):
+    _, url = served
+    manager = ReplicaManager(tmp_path / "models", "node-credential", url)
+    manager.start(spec("0" * 64))
+    assert settle(manager) == FAILED
+    assert "SHA-256 does not match" in manager.get("r1").reason  # type: ignore[union-attr]
+    assert not (tmp_path / "models" / "weights").exists()
+    assert not list((tmp_path / "models" / ".incoming" / "r1").glob("*.part"))
+
+
+def test_the_reader_refuses_a_body_without_a_length(tmp_path: Path):
+    import socket
+
+    left, right = socket.socketpair()
+    response = transfer.Response(200, {}, left, b"")
+    with pytest.raises(RuntimeError, match="Content-Length"):
+        response.pipe(lambda block: None)
+    left.close()
+    right.close()
