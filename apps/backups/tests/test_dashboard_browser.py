@@ -34,7 +34,7 @@ def test_an_operator_sees_rpo_exposure_and_reviews_a_failed_restore(live_web, br
         failure_code="RESTORE_FAILED",
         failure_message="restore: the restore's process died during restore; it is not resumed",
     )
-    page = browser.new_page()  # type: ignore[attr-defined]
+    page = browser.new_page()
     try:
         log_in(page, live_web.url, "ops", "correct-horse-battery-9")
         page.goto(live_web.url + "/backups/")
