@@ -17,7 +17,8 @@ COPY pyproject.toml ./
 COPY modelforge ./modelforge
 COPY apps ./apps
 COPY agent ./agent
-RUN pip install .
+# [backups]: pg_dump/pg_restore of PostgreSQL 16 (the pgserver wheel's binaries), the server's major.
+RUN pip install '.[backups]'
 
 COPY manage.py ./
 COPY templates ./templates
@@ -28,7 +29,7 @@ COPY config ./config
 # Never run as root. MODELFORGE_HOME/static is STATIC_ROOT; WhiteNoise warns when it is missing.
 RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/modelforge --create-home \
         --shell /usr/sbin/nologin modelforge \
-    && mkdir -p /var/lib/modelforge/static \
+    && mkdir -p /var/lib/modelforge/static /var/lib/modelforge/backups \
     && chown -R modelforge:modelforge /var/lib/modelforge
 USER modelforge
 
