@@ -13,7 +13,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 from django.conf import settings
@@ -63,10 +63,21 @@ def _copy_local(artifact: Artifact, target: Path) -> None:
         _progress(artifact, done)
 
 
-def _download(artifact: Artifact, url: str, target: Path) -> None:
-    """One file over HTTP(S), resumed from its ``.part`` file when the server honours ``Range``."""
-    name = Path(urlsplit(url).path).name or "download"
-    destination = target / name
+def _safe_relative(name: str) -> Path:
+    """A file path from an upstream listing, kept relative and inside the artifact's folder."""
+    relative = Path(name)
+    if not name or relative.is_absolute() or ".." in relative.parts:
+        raise SourceUnreachable(f"the upstream lists an unsafe file name {name!r}")
+    return relative
+
+
+def _download(artifact: Artifact, url: str, target: Path, relative: str | None = None, base: int = 0) -> int:
+    """One file over HTTP(S), resumed from its ``.part`` file when the server honours ``Range``; saved
+    under ``relative`` (nested folders kept) or the URL's file name. Returns the file's size; progress
+    counts from ``base`` (the bytes of the artifact's earlier files)."""
+    name = relative or Path(urlsplit(url).path).name or "download"
+    destination = target / _safe_relative(name)
+    destination.parent.mkdir(parents=True, exist_ok=True)
     partial = destination.with_name(destination.name + ".part")
     have = partial.stat().st_size if partial.exists() else 0
     headers = {"Range": f"bytes={have}-"} if have else {}
@@ -88,10 +99,11 @@ def _download(artifact: Artifact, url: str, target: Path) -> None:
                             raise SourceUnreachable(
                                 f"larger than MODELFORGE_ARTIFACT_MAX_BYTES ({settings.ARTIFACT_MAX_BYTES})"
                             )
-                        _progress(artifact, done)
+                        _progress(artifact, base + done)
     except httpx.HTTPError as exc:
         raise SourceUnreachable(f"GET {url} failed: {type(exc).__name__}") from exc
     partial.rename(destination)
+    return destination.stat().st_size
 
 
 def _hf_url(artifact: Artifact) -> str:
@@ -109,14 +121,27 @@ def fetch(artifact: Artifact, target: Path) -> None:
         hub = settings.ARTIFACT_HF_ENDPOINT.rstrip("/")
         api = f"{hub}/api/models/{artifact.locator}/revision/{artifact.revision}"
         try:
-            listing = httpx.get(api, timeout=min(10.0, settings.ARTIFACT_TIMEOUT_S)).json()
-        except (httpx.HTTPError, ValueError) as exc:
+            answer = httpx.get(api, timeout=min(10.0, settings.ARTIFACT_TIMEOUT_S))
+        except httpx.HTTPError as exc:
             raise SourceUnreachable(
                 f"the hub at {settings.ARTIFACT_HF_ENDPOINT} cannot be reached from here "
                 f"({type(exc).__name__})"
             ) from exc
-        for sibling in listing.get("siblings", []):
-            _download(artifact, _hf_url(artifact) + sibling["rfilename"], target)
+        if answer.status_code != 200:
+            raise SourceUnreachable(
+                f"the hub answered {answer.status_code} for {artifact.locator} at revision "
+                f"{artifact.revision} (no such repository or revision, or it needs a token)"
+            )
+        try:
+            listing = answer.json()
+            names = [str(sibling["rfilename"]) for sibling in listing["siblings"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SourceUnreachable(f"the hub's file list for {artifact.locator} is not readable") from exc
+        if not names:
+            raise SourceUnreachable(f"the hub lists no files for {artifact.locator} at {artifact.revision}")
+        done = 0
+        for name in names:
+            done += _download(artifact, _hf_url(artifact) + quote(name), target, relative=name, base=done)
 
 
 def digests(root: Path) -> Iterator[dict[str, Any]]:

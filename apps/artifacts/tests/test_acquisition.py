@@ -307,3 +307,80 @@ def test_a_quarantined_records_licence_is_amended_with_who_and_why_then_released
     assert released.status_code == 200 and released.json()["state"] == "ready"
     again = operator_client.post(url + "/amend", {"reason": "y", "licence": "mit"}, format="json")
     assert again.status_code == 409 and again.json()["code"] == "ARTIFACT_NOT_QUARANTINED"
+
+
+@pytest.fixture
+def fake_hub(tmp_path) -> Iterator[tuple[dict[str, bytes], str]]:
+    """A Hugging Face-shaped hub on 127.0.0.1: the revision API and resolve/ URLs of one repository."""
+    import json as jsonlib
+    from http.server import BaseHTTPRequestHandler
+    from urllib.parse import unquote
+
+    files: dict[str, bytes] = {}
+    revision = "c" * 40
+
+    class Hub(BaseHTTPRequestHandler):
+        def do_GET(self):
+            path = unquote(self.path)
+            if path == f"/api/models/org/model/revision/{revision}":
+                body = jsonlib.dumps(
+                    {"sha": revision, "siblings": [{"rfilename": n} for n in files]}
+                ).encode()
+            elif (
+                path.startswith(f"/org/model/resolve/{revision}/")
+                and path.split(f"{revision}/", 1)[1] in files
+            ):
+                body = files[path.split(f"{revision}/", 1)[1]]
+            else:
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield files, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_hub_repository_keeps_its_nested_paths_and_counts_progress_across_files(fake_hub, settings):
+    files, url = fake_hub
+    files.update(
+        {
+            "config.json": b"{}",
+            "weights/model-00001.safetensors": b"A" * 10,
+            "weights/model-00002.safetensors": b"B" * 20,
+        }
+    )
+    settings.ARTIFACT_HF_ENDPOINT = url
+    item = artifact(source_kind="huggingface", locator="org/model", revision="c" * 40)
+    acquisition.acquire(item)
+    item.refresh_from_db()
+    assert sorted(f["path"] for f in item.files) == sorted(files)  # nested paths kept, none flattened
+    assert item.size_bytes == item.progress_bytes == 32
+    assert item.state == "ready", item.checks
+
+
+def test_a_hub_that_refuses_or_lists_nothing_is_a_named_failure(fake_hub, settings):
+    files, url = fake_hub
+    settings.ARTIFACT_HF_ENDPOINT = url
+    missing = artifact(source_kind="huggingface", locator="org/other", revision="c" * 40)
+    acquisition.acquire(missing)
+    missing.refresh_from_db()
+    assert missing.failure_code == "SOURCE_UNREACHABLE" and "answered 404" in missing.failure_message
+    empty = artifact(name="e", source_kind="huggingface", locator="org/model", revision="c" * 40)
+    acquisition.acquire(empty)
+    empty.refresh_from_db()
+    assert empty.failure_code == "SOURCE_UNREACHABLE" and "lists no files" in empty.failure_message
+    files["../escape.bin"] = b"x"
+    unsafe = artifact(name="u", source_kind="huggingface", locator="org/model", revision="c" * 40)
+    acquisition.acquire(unsafe)
+    unsafe.refresh_from_db()
+    assert unsafe.failure_code == "SOURCE_UNREACHABLE" and "unsafe file name" in unsafe.failure_message
