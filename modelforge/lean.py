@@ -21,7 +21,13 @@ async def read_bounded_body(receive: Receive, headers: dict[str, str]) -> bytes:
     declared = headers.get("content-length", "")
     if declared and (not declared.isdigit() or int(declared) > limit):
         raise BodyTooLarge
-    body = bytearray()
+    message = await receive()
+    if not message.get("more_body"):  # the usual case: the whole body in one message, no copy
+        first = message.get("body", b"")
+        if len(first) > limit:
+            raise BodyTooLarge
+        return bytes(first)
+    body = bytearray(message.get("body", b""))
     while True:
         message = await receive()
         body += message.get("body", b"")

@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 import msgspec
-from django.utils import timezone
 
 from apps.clusters import codes
 from apps.clusters.lbstate import shared
@@ -35,6 +34,18 @@ UNAUTHORIZED_HEADERS = {"www-authenticate": 'Bearer realm="modelforge-gateway"'}
 # Upstream: a connection within 2 s, then every chunk within 120 s (a long generation streams chunks).
 CONNECT_TIMEOUT_S = 2.0
 READ_TIMEOUT_S = 120.0
+
+
+class _Named(msgspec.Struct):
+    """What the gateway reads of a request body: only ``model`` (the rest is the backend's business,
+    skipped by the decoder without building Python objects for it)."""
+
+    model: object = None
+
+
+_decode_named = msgspec.json.Decoder(_Named).decode
+# Request headers the gateway looks at; the others are never decoded.
+_WANTED_HEADERS = {b"authorization", b"x-correlation-id", b"content-length"}
 
 
 class Refusal(Exception):
@@ -61,7 +72,11 @@ class Gateway:
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         started = time.monotonic()
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = {
+            k.decode("latin-1").lower(): v.decode("latin-1")
+            for k, v in scope["headers"]
+            if k.lower() in _WANTED_HEADERS
+        }
         correlation_id = accept_or_generate(headers.get("x-correlation-id"))
         set_correlation_id(correlation_id)
         status = 500
@@ -121,22 +136,25 @@ class Gateway:
             raise Refusal(405, error_codes.METHOD_NOT_ALLOWED, "Use POST.", {"allow": "POST"})
         body = await _read_body(receive, headers)
         try:
-            request = msgspec.json.decode(body)
+            named = _decode_named(body)
+        except msgspec.ValidationError:
+            named = None  # valid JSON, but not an object
         except msgspec.DecodeError:
             raise Refusal(400, error_codes.MALFORMED_REQUEST, "The body is not valid JSON.") from None
-        if not isinstance(request, dict) or not isinstance(request.get("model"), str):
+        if named is None or not isinstance(named.model, str):
             raise Refusal(
                 400,
                 error_codes.VALIDATION_ERROR,
                 'The body must be a JSON object with "model": "<capability>", e.g. "rag.embedding@1".',
             )
-        capability = request["model"]
-        grant, why = authorize(table, presented, capability, now=timezone.now())
+        capability = named.model
+        grant, why = authorize(table, presented, capability)
         if grant is None:
             raise Refusal(401, codes.CAPABILITY_NOT_AUTHORIZED, why, UNAUTHORIZED_HEADERS)
         backends, algorithm, _cluster = router.candidates_in(table, capability, grant.project)
         tried: set[str] = set()
-        await shared.maybe_flush()
+        if shared.flush_due():
+            await shared.maybe_flush()
         # Benched backends sit out, unless every candidate is benched: then routing goes on to them
         # rather than to none (and the bench is logged and shown), never a total outage in silence.
         benched = {b.key for b in backends if shared.is_benched(b.key)}

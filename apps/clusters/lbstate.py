@@ -110,7 +110,8 @@ class SharedState:
                 await self.client.delete(FAILS_KEY.format(key=key))
             except (redis.RedisError, OSError) as exc:
                 self._redis_failed(exc)
-        await self.maybe_flush()
+        if self.flush_due():
+            await self.maybe_flush()
 
     async def failed(self, key: str, name: str, reason: str, candidates: list[Any]) -> None:
         """A request to the backend failed (5xx, connection error, timeout): count, maybe bench it."""
@@ -169,6 +170,9 @@ class SharedState:
         )
         if count >= settings.LB_CHURN_THRESHOLD:
             await sync_to_async(_raise_churn, thread_sensitive=False)(key, name, count)
+
+    def flush_due(self) -> bool:
+        return time.time() - self._flushed >= FLUSH_EVERY_S
 
     async def maybe_flush(self, force: bool = False) -> None:
         """Once a second: push traffic counts, read the bench list back (one round trip)."""
