@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httptools
 
 CONNECT_TIMEOUT_S = 2.0
 READ_TIMEOUT_S = 120.0
-MAX_IDLE_PER_BACKEND = 256
+# At most this many connections to one backend (aiohttp's default per host, which this replaced); a
+# request that finds them all busy waits for one, up to the connect timeout.
+MAX_CONNECTIONS_PER_BACKEND = 256
 
 
 class UpstreamError(Exception):
@@ -46,8 +48,9 @@ class UpstreamBroken(UpstreamError):
 class _Connection(asyncio.Protocol):
     """One keep-alive connection; one request at a time."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_lost: Callable[[], None] | None = None) -> None:
         self.loop = loop
+        self.on_lost = on_lost
         self.transport: asyncio.Transport | None = None
         self.closed = False
         # One parser for the connection's life: llhttp starts the next message after each complete one.
@@ -80,6 +83,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self.on_lost is not None:
+            on_lost, self.on_lost = self.on_lost, None
+            on_lost()
         if not self.complete and self.error is None:
             self.error = UpstreamBroken("the backend closed the connection before a whole answer")
         self._wake()
@@ -195,6 +201,8 @@ class Upstream:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._open: dict[tuple[str, int], int] = {}
+        self._waiters: dict[tuple[str, int], collections.deque[asyncio.Future[_Connection | None]]] = {}
 
     async def post(
         self, url: str, path: str, body: bytes, headers: list[tuple[str, str]]
@@ -213,8 +221,28 @@ class Upstream:
                     raise
                 # A kept-alive connection the backend had already closed: nothing of ours was read
                 # (no byte came back); one fresh connection, once.
-        conn = await self._connect(key)
+        conn = await self._acquire(key)
         return await self._exchange(key, conn, request)
+
+    async def _acquire(self, key: tuple[str, int]) -> _Connection:
+        """An idle connection, a new one while under the cap, or the next one handed back."""
+        conn = self._take_idle(key)
+        if conn is not None:
+            return conn
+        if self._open.get(key, 0) < MAX_CONNECTIONS_PER_BACKEND:
+            return await self._connect(key)
+        waiter: asyncio.Future[_Connection | None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(key, collections.deque()).append(waiter)
+        try:
+            handed = await asyncio.wait_for(waiter, self.connect_timeout)
+        except TimeoutError:
+            raise ConnectFailed(
+                f"all {MAX_CONNECTIONS_PER_BACKEND} connections to {key[0]}:{key[1]} stayed busy"
+            ) from None
+        if handed is None:  # one closed: room for a new one
+            return await self._connect(key)
+        handed._reset()
+        return handed
 
     async def _exchange(self, key: tuple[str, int], conn: _Connection, request: bytes) -> UpstreamResponse:
         assert conn.transport is not None
@@ -229,13 +257,30 @@ class Upstream:
 
     async def _connect(self, key: tuple[str, int]) -> _Connection:
         loop = asyncio.get_running_loop()
+        # The slot is taken before the connection exists, so concurrent requests never overshoot the cap.
+        self._open[key] = self._open.get(key, 0) + 1
         try:
             _, conn = await asyncio.wait_for(
-                loop.create_connection(lambda: _Connection(loop), key[0], key[1]), self.connect_timeout
+                loop.create_connection(lambda: _Connection(loop, lambda: self._lost(key)), key[0], key[1]),
+                self.connect_timeout,
             )
         except (OSError, TimeoutError) as exc:
+            self._lost(key)
             raise ConnectFailed(f"no connection to {key[0]}:{key[1]} ({type(exc).__name__})") from None
+        except BaseException:
+            self._lost(key)
+            raise
         return conn
+
+    def _lost(self, key: tuple[str, int]) -> None:
+        """A connection to ``key`` closed: one fewer open, and a waiting request may make a new one."""
+        self._open[key] = max(0, self._open.get(key, 0) - 1)
+        waiters = self._waiters.get(key)
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     def _take_idle(self, key: tuple[str, int]) -> _Connection | None:
         idle = self._idle.get(key)
@@ -247,11 +292,13 @@ class Upstream:
         return None
 
     def _give_back(self, key: tuple[str, int], conn: _Connection) -> None:
-        idle = self._idle.setdefault(key, [])
-        if len(idle) < MAX_IDLE_PER_BACKEND:
-            idle.append(conn)
-        else:
-            conn._close()
+        waiters = self._waiters.get(key)
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)  # straight to a request waiting for one
+                return
+        self._idle.setdefault(key, []).append(conn)
 
     def close(self) -> None:
         for idle in self._idle.values():

@@ -4,10 +4,12 @@ connection retried once, refused connections, timeouts, streaming chunk by chunk
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 
 import pytest
 
+from apps.clusters import upstream as upstream_module
 from apps.clusters.upstream import ConnectFailed, Upstream, UpstreamBroken, UpstreamTimeout
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -19,6 +21,23 @@ async def read_request(reader: asyncio.StreamReader) -> bytes:
         int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
     )
     return head + await reader.readexactly(length)
+
+
+def run_async(main: Callable[[], Awaitable[None]]) -> None:
+    """``asyncio.run`` on a thread of its own: the browser tests keep an event loop running in this one."""
+    failures: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            asyncio.run(main())  # type: ignore[arg-type]
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if failures:
+        raise failures[0]
 
 
 def serve(handler: Handler, test: Callable[[str, dict[str, int]], Awaitable[None]]) -> dict[str, int]:
@@ -40,7 +59,7 @@ def serve(handler: Handler, test: Callable[[str, dict[str, int]], Awaitable[None
         async with server:
             await test(f"http://127.0.0.1:{port}", stats)
 
-    asyncio.run(main())
+    run_async(main)
     return stats
 
 
@@ -97,7 +116,7 @@ def test_a_refused_connection_is_connect_failed_and_nothing_was_sent():
         with pytest.raises(ConnectFailed):
             await Upstream().post(f"http://127.0.0.1:{port}", "/v1/embeddings", b"{}", [])
 
-    asyncio.run(test())
+    run_async(test)
 
 
 def test_a_silent_backend_times_out():
@@ -168,3 +187,28 @@ def test_an_answer_that_is_not_http_is_broken():
             await Upstream().post(url, "/v1/embeddings", b"{}", [])
 
     serve(garbage, test)
+
+
+def test_connections_to_one_backend_are_capped_and_requests_wait_for_one(monkeypatch):
+    monkeypatch.setattr(upstream_module, "MAX_CONNECTIONS_PER_BACKEND", 2)
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            await asyncio.sleep(0.05)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+
+    async def test(url: str, stats: dict[str, int]) -> None:
+        upstream = Upstream()
+
+        async def one() -> bytes:
+            response = await upstream.post(url, "/v1/embeddings", b"{}", [])
+            try:
+                return await response.read()
+            finally:
+                response.release()
+
+        assert await asyncio.gather(*(one() for _ in range(6))) == [b"ok"] * 6
+
+    assert serve(slow, test)["connections"] == 2
