@@ -75,7 +75,7 @@ class Gateway:
         headers = {
             k.decode("latin-1").lower(): v.decode("latin-1")
             for k, v in scope["headers"]
-            if k.lower() in _WANTED_HEADERS
+            if k in _WANTED_HEADERS  # ASGI servers give header names in lower case
         }
         correlation_id = accept_or_generate(headers.get("x-correlation-id"))
         set_correlation_id(correlation_id)

@@ -112,6 +112,10 @@ class Table:
     grants: dict[str, Grant]
     bindings: dict[str, list[Binding]]
     built_at: float = field(default_factory=time.monotonic)
+    # Candidates per (capability, project), computed once per table: a table never changes once built.
+    candidates: dict[tuple[str, str], tuple[list[Backend], str, str | None]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
 
 def build_table() -> Table:
@@ -170,7 +174,7 @@ class Router:
         self._version: Any = None
         self._checked = 0.0
         self._lock = threading.Lock()
-        self._current: dict[str, dict[str, int]] = {}  # smooth WRR state per candidate set
+        self._current: dict[tuple[str, ...], dict[str, int]] = {}  # smooth WRR state per candidate set
         self.redis_ok = True
 
     async def table(self) -> Table:
@@ -209,7 +213,12 @@ class Router:
     def candidates_in(
         self, table: Table, capability: str, project: str
     ) -> tuple[list[Backend], str, str | None]:
-        return self._candidates(table, capability, project)
+        found = table.candidates.get((capability, project))
+        if found is None:
+            found = self._candidates(table, capability, project)
+            if len(table.candidates) < 4096:  # bounded: projects are named by credentials, not callers
+                table.candidates[(capability, project)] = found
+        return found
 
     def _candidates(
         self, table: Table, capability: str, project: str
@@ -231,7 +240,7 @@ class Router:
     def pick(
         self, backends: list[Backend], algorithm: str, exclude: set[str] | None = None
     ) -> Backend | None:
-        choices = [b for b in backends if b.key not in (exclude or set())]
+        choices = [b for b in backends if b.key not in exclude] if exclude else backends
         if not choices:
             return None
         if algorithm == Algorithm.LEAST_CONNECTIONS:
@@ -242,7 +251,7 @@ class Router:
 
     def _smooth_wrr(self, choices: list[Backend]) -> Backend:
         """nginx's smooth weighted round-robin: shares hold over short windows, no bursts."""
-        key = "|".join(sorted(b.key for b in choices))
+        key = tuple(b.key for b in choices)
         with self._lock:
             current = self._current.setdefault(key, {})
             total = 0

@@ -307,7 +307,17 @@ class Upstream:
         self._idle.clear()
 
 
+_parsed_urls: dict[str, tuple[str, int]] = {}
+
+
 def _host_port(url: str) -> tuple[str, int]:
+    found = _parsed_urls.get(url)
+    if found is None:
+        found = _parsed_urls[url] = _parse_host_port(url)
+    return found
+
+
+def _parse_host_port(url: str) -> tuple[str, int]:
     scheme, _, rest = url.partition("://")
     if scheme != "http" or not rest:
         raise ConnectFailed(f"not an http://host:port backend URL: {url!r}")
