@@ -157,8 +157,11 @@ class Gateway:
             await shared.maybe_flush()
         # Benched backends sit out, unless every candidate is benched: then routing goes on to them
         # rather than to none (and the bench is logged and shown), never a total outage in silence.
-        benched = {b.key for b in backends if shared.is_benched(b.key)}
-        usable = [b for b in backends if b.key not in benched] or backends
+        if shared.benched:
+            benched = {b.key for b in backends if shared.is_benched(b.key)}
+            usable = [b for b in backends if b.key not in benched] or backends
+        else:
+            usable = backends
         for _attempt in range(2):  # a request that reached no backend is retried once elsewhere
             backend = router.pick(usable, algorithm, tried)
             if backend is None:

@@ -209,9 +209,13 @@ class Upstream:
     ) -> UpstreamResponse:
         """POST ``body`` to ``url`` (``http://host:port``) + ``path``; returns once the head arrived."""
         key = _host_port(url)
-        head = [f"POST {path} HTTP/1.1", f"Host: {key[0]}:{key[1]}", f"Content-Length: {len(body)}"]
-        head += [f"{name}: {value}" for name, value in headers]
-        request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+        start = _request_lines.get((key, path))
+        if start is None:
+            start = _request_lines[(key, path)] = (
+                f"POST {path} HTTP/1.1\r\nHost: {key[0]}:{key[1]}\r\n".encode()
+            )
+        lines = "".join(f"{name}: {value}\r\n" for name, value in headers)
+        request = b"%sContent-Length: %d\r\n%s\r\n%s" % (start, len(body), lines.encode("latin-1"), body)
         conn = self._take_idle(key)
         if conn is not None:
             try:
@@ -308,6 +312,7 @@ class Upstream:
 
 
 _parsed_urls: dict[str, tuple[str, int]] = {}
+_request_lines: dict[tuple[tuple[str, int], str], bytes] = {}
 
 
 def _host_port(url: str) -> tuple[str, int]:
