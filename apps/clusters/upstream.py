@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import AsyncIterator, Callable
 
 import httptools
@@ -27,6 +28,8 @@ READ_TIMEOUT_S = 120.0
 # At most this many connections to one backend (aiohttp's default per host, which this replaced); a
 # request that finds them all busy waits for one, up to the connect timeout.
 MAX_CONNECTIONS_PER_BACKEND = 256
+# An idle connection is closed after this long (a backend that left the routing table leaves nothing open).
+IDLE_TIMEOUT_S = 30.0
 
 
 class UpstreamError(Exception):
@@ -53,6 +56,7 @@ class _Connection(asyncio.Protocol):
         self.on_lost = on_lost
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.idle_since = 0.0
         # One parser for the connection's life: llhttp starts the next message after each complete one.
         self.parser = httptools.HttpResponseParser(self)
         self._reset()
@@ -203,12 +207,16 @@ class Upstream:
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._open: dict[tuple[str, int], int] = {}
         self._waiters: dict[tuple[str, int], collections.deque[asyncio.Future[_Connection | None]]] = {}
+        self._pruned_at = 0.0
 
     async def post(
         self, url: str, path: str, body: bytes, headers: list[tuple[str, str]]
     ) -> UpstreamResponse:
         """POST ``body`` to ``url`` (``http://host:port``) + ``path``; returns once the head arrived."""
         key = _host_port(url)
+        now = time.monotonic()
+        if now - self._pruned_at > IDLE_TIMEOUT_S / 3:
+            self._prune(now)
         start = _request_lines.get((key, path))
         if start is None:
             start = _request_lines[(key, path)] = (
@@ -295,6 +303,13 @@ class Upstream:
                 return conn
         return None
 
+    def _prune(self, now: float) -> None:
+        """Close connections idle for longer than IDLE_TIMEOUT_S (the oldest sit first in each list)."""
+        self._pruned_at = now
+        for idle in self._idle.values():
+            while idle and now - idle[0].idle_since > IDLE_TIMEOUT_S:
+                idle.pop(0)._close()
+
     def _give_back(self, key: tuple[str, int], conn: _Connection) -> None:
         waiters = self._waiters.get(key)
         while waiters:
@@ -302,6 +317,7 @@ class Upstream:
             if not waiter.done():
                 waiter.set_result(conn)  # straight to a request waiting for one
                 return
+        conn.idle_since = time.monotonic()
         self._idle.setdefault(key, []).append(conn)
 
     def close(self) -> None:

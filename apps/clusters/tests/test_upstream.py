@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -212,3 +213,18 @@ def test_connections_to_one_backend_are_capped_and_requests_wait_for_one(monkeyp
         assert await asyncio.gather(*(one() for _ in range(6))) == [b"ok"] * 6
 
     assert serve(slow, test)["connections"] == 2
+
+
+def test_a_connection_idle_past_the_timeout_is_closed(monkeypatch):
+    async def test(url: str, stats: dict[str, int]) -> None:
+        upstream = Upstream()
+        response = await upstream.post(url, "/v1/embeddings", b"{}", [])
+        await response.read()
+        response.release()
+        clock = time.monotonic() + upstream_module.IDLE_TIMEOUT_S + 1
+        monkeypatch.setattr(upstream_module.time, "monotonic", lambda: clock)
+        response = await upstream.post(url, "/v1/embeddings", b"{}", [])
+        await response.read()
+        response.release()
+
+    assert serve(answer_forever, test)["connections"] == 2
