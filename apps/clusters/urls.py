@@ -6,4 +6,6 @@ app_name = "clusters"
 urlpatterns = [
     path("", views.cluster_list, name="list"),
     path("<int:pk>/", views.cluster_detail, name="detail"),
+    path("credentials/mint", views.credential_mint, name="credential-mint"),
+    path("credentials/<int:pk>/revoke", views.credential_revoke, name="credential-revoke"),
 ]
