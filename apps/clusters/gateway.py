@@ -239,7 +239,7 @@ class Gateway:
                 text = (await response.read()).decode(errors="replace")
                 raise BackendAnswered(response.status, _backend_message(text))
             headers = [
-                (b"content-type", response.header(b"content-type", b"application/json")),
+                (b"content-type", response.content_type()),
                 (b"x-correlation-id", correlation_id.encode()),
                 (b"x-modelforge-backend", backend.name.encode()),
             ]

@@ -82,7 +82,7 @@ def test_one_kept_alive_connection_serves_request_after_request():
             response = await upstream.post(
                 url, "/v1/embeddings", b"{}", [("Content-Type", "application/json")]
             )
-            assert response.status == 200 and response.header(b"content-type") == b"application/json"
+            assert response.status == 200 and response.content_type() == b"application/json"
             assert (await response.read()).startswith(b'{"echo"')
             response.release()
         upstream.close()
