@@ -112,7 +112,7 @@ class Gateway:
         correlation_id: str,
     ) -> int:
         path, method = scope["path"], scope["method"]
-        table = await router.table()
+        table = router.fresh_table() or await router.table()
         scheme, _, presented = headers.get("authorization", "").partition(" ")
         presented = presented.strip() if scheme.lower() == "bearer" else ""
         if path == "/v1/models":
@@ -134,7 +134,10 @@ class Gateway:
             )
         if method != "POST":
             raise Refusal(405, error_codes.METHOD_NOT_ALLOWED, "Use POST.", {"allow": "POST"})
-        body = await _read_body(receive, headers)
+        try:
+            body = await read_bounded_body(receive, headers)
+        except BodyTooLarge:
+            raise Refusal(413, error_codes.PAYLOAD_TOO_LARGE, error_codes.DEFAULT_MESSAGES[413]) from None
         try:
             named = _decode_named(body)
         except msgspec.ValidationError:
@@ -202,7 +205,7 @@ class Gateway:
                 ) from None
             if status >= 500:
                 await shared.failed(backend.key, backend.name, "failed mid-response", backends)
-            else:
+            elif not shared.served_quickly(backend.key):
                 await shared.served(backend.key)
             return status
         if not backends:
@@ -294,13 +297,6 @@ def _backend_message(text: str) -> str:
     if isinstance(data, dict) and isinstance(data.get("message"), str):
         return data["message"][:300]
     return text[:300]
-
-
-async def _read_body(receive: Receive, headers: dict[str, str]) -> bytes:
-    try:
-        return await read_bounded_body(receive, headers)
-    except BodyTooLarge:
-        raise Refusal(413, error_codes.PAYLOAD_TOO_LARGE, error_codes.DEFAULT_MESSAGES[413]) from None
 
 
 async def _send_json(

@@ -177,6 +177,12 @@ class Router:
         self._current: dict[tuple[str, ...], dict[str, int]] = {}  # smooth WRR state per candidate set
         self.redis_ok = True
 
+    def fresh_table(self) -> Table | None:
+        """The cached table while it needs no check (the gateway's hot path, without a coroutine)."""
+        if self._table is not None and time.monotonic() - self._checked < CHECK_EVERY_S:
+            return self._table
+        return None
+
     async def table(self) -> Table:
         """The cached table; checked against the routing version at most once a second, off the event loop
         (the ORM and Redis clients are synchronous)."""
