@@ -257,6 +257,8 @@ class Router:
 
     def _smooth_wrr(self, choices: list[Backend]) -> Backend:
         """nginx's smooth weighted round-robin: shares hold over short windows, no bursts."""
+        if len(choices) == 1:
+            return choices[0]  # one candidate: nothing to balance, no state to keep
         key = tuple(b.key for b in choices)
         with self._lock:
             current = self._current.setdefault(key, {})

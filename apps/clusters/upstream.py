@@ -257,7 +257,7 @@ class Upstream:
             start = _request_lines[(key, path)] = (
                 f"POST {path} HTTP/1.1\r\nHost: {key[0]}:{key[1]}\r\n".encode()
             )
-        lines = "".join(f"{name}: {value}\r\n" for name, value in headers)
+        lines = "".join([f"{name}: {value}\r\n" for name, value in headers]) if headers else ""
         request = b"%sContent-Length: %d\r\n%s\r\n%s" % (start, len(body), lines.encode("latin-1"), body)
         conn = self._take_idle(key)
         if conn is not None:
