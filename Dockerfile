@@ -29,7 +29,7 @@ COPY config ./config
 # Never run as root. MODELFORGE_HOME/static is STATIC_ROOT; WhiteNoise warns when it is missing.
 RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/modelforge --create-home \
         --shell /usr/sbin/nologin modelforge \
-    && mkdir -p /var/lib/modelforge/static /var/lib/modelforge/backups \
+    && mkdir -p /var/lib/modelforge/static /var/lib/modelforge/backups /var/lib/modelforge/artifacts \
     && chown -R modelforge:modelforge /var/lib/modelforge
 USER modelforge
 

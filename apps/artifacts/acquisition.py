@@ -220,7 +220,10 @@ def run_checks(artifact: Artifact) -> list[dict[str, str]]:
         )
     else:
         record(codes.RULE_FORMAT_ALLOWED, "pass", artifact.format)
-    if artifact.size_bytes > settings.ARTIFACT_MAX_BYTES:
+    if not artifact.files or artifact.size_bytes <= 0:
+        # An empty folder or file is not weights: nothing to serve, nothing a digest could vouch for.
+        record(codes.RULE_SIZE_BOUNDS, "fail", "no weights: the artifact has no files or is empty")
+    elif artifact.size_bytes > settings.ARTIFACT_MAX_BYTES:
         record(codes.RULE_SIZE_BOUNDS, "fail", f"{artifact.size_bytes} bytes > {settings.ARTIFACT_MAX_BYTES}")
     else:
         record(codes.RULE_SIZE_BOUNDS, "pass", f"{artifact.size_bytes} bytes")

@@ -384,3 +384,13 @@ def test_a_hub_that_refuses_or_lists_nothing_is_a_named_failure(fake_hub, settin
     acquisition.acquire(unsafe)
     unsafe.refresh_from_db()
     assert unsafe.failure_code == "SOURCE_UNREACHABLE" and "unsafe file name" in unsafe.failure_message
+
+
+def test_an_empty_source_is_quarantined_by_size_bounds(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    item = artifact(source_kind="local", locator=str(empty))
+    acquisition.acquire(item)
+    item.refresh_from_db()
+    assert (item.state, item.quarantine_rule) == ("quarantined", "SIZE_BOUNDS")
+    assert "no weights" in next(c["detail"] for c in item.checks if c["rule"] == "SIZE_BOUNDS")
