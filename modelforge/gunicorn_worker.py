@@ -4,4 +4,9 @@ from uvicorn_worker import UvicornWorker
 
 
 class Worker(UvicornWorker):
-    CONFIG_KWARGS = {**UvicornWorker.CONFIG_KWARGS, "lifespan": "off"}
+    CONFIG_KWARGS = {
+        **UvicornWorker.CONFIG_KWARGS,
+        "lifespan": "off",
+        # httptools, with a response's head and body written in one system call (modelforge/http_protocol.py).
+        "http": "modelforge.http_protocol:CoalescingHttpToolsProtocol",
+    }
