@@ -115,6 +115,35 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
     return False
 
 
+def process_stopped(pid: int) -> bool:
+    """True while ``pid`` is stopped (SIGSTOP): the kill tests wait for a process to pause itself."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "T"
+    except OSError:
+        return False
+
+
+def run_in_own_loop(main: Callable[[], Any]) -> None:
+    """``asyncio.run(main())`` on a thread of its own: the browser tests keep an event loop running in
+    the test thread, where ``asyncio.run`` would refuse."""
+    import asyncio
+    import threading
+
+    failures: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if failures:
+        raise failures[0]
+
+
 def http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:

@@ -4,27 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
-from collections.abc import Awaitable, Callable
 
 from modelforge.http_protocol import CoalescingTransport
-
-
-def on_a_thread(main: Callable[[], Awaitable[None]]) -> None:
-    """The browser tests keep an event loop running in the test thread; run ours beside it."""
-    failures: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            asyncio.run(main())  # type: ignore[arg-type]
-        except BaseException as exc:
-            failures.append(exc)
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join()
-    if failures:
-        raise failures[0]
+from tests.fixtures import run_in_own_loop
 
 
 def test_head_and_body_written_in_one_turn_reach_the_socket_in_one_send_in_order():
@@ -51,4 +33,4 @@ def test_head_and_body_written_in_one_turn_reach_the_socket_in_one_send_in_order
         assert received == b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\noklast"
         theirs.close()
 
-    on_a_thread(main)
+    run_in_own_loop(main)

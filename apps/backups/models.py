@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from django.db import models
@@ -73,9 +72,6 @@ class Backup(models.Model):
             setattr(self, key, value)
         self.save(update_fields=["state", *fields])
         BackupEvent.objects.create(backup=self, from_state=before, to_state=state, detail=detail[:2000])
-
-    def age_at(self, now: datetime) -> float | None:
-        return (now - self.consistent_as_of).total_seconds() if self.consistent_as_of else None
 
 
 class BackupEvent(models.Model):

@@ -195,7 +195,7 @@ def _phase(restore: Restore, name: str) -> Iterator[dict[str, Any]]:
     try:
         yield detail
     except Exception as exc:
-        _reconnect()  # the failure may have left our pooled connections terminated
+        _drop_pooled_connections()  # the failure may have left our pooled connections terminated
         RestorePhase.objects.filter(pk=row.pk).update(
             finished_at=timezone.now(), outcome="failed", detail=str(exc)[:4000]
         )
@@ -220,7 +220,7 @@ def run(restore_id: int) -> str:
                 _run_phases(server, restore)
             except Exception as exc:
                 logger.exception("restore #%s failed during %s", restore_id, restore.phase)
-                _reconnect()
+                _drop_pooled_connections()
                 message = f"{restore.phase}: {exc}"[:4000]
                 if restore.target_database and not restore.switched_over:
                     pgtools.drop_database(server, restore.target_database)
@@ -384,7 +384,7 @@ def _switch(server: pgtools.Server, target: str, previous: str) -> datetime:
     a client that reconnects in between only makes us try again. Nothing changes unless both renames
     commit together.
     """
-    _disconnect()
+    _drop_pooled_connections()
     with server.maintenance() as conn:
         for _attempt in range(100):
             conn.execute(
@@ -412,20 +412,17 @@ def _switch(server: pgtools.Server, target: str, previous: str) -> datetime:
             raise PhaseFailed(
                 "sessions kept reconnecting to the service database; the switch-over did not happen"
             )
-    _reconnect()
+    _drop_pooled_connections()
     assert row is not None
     switched_at: datetime = row[0]
     return switched_at
 
 
-def _disconnect() -> None:
+def _drop_pooled_connections() -> None:
+    """Close every connection and pool of this process: after a switch-over (or a failed one) the
+    sessions they held may be terminated; the next query opens fresh ones."""
     for conn in connections.all(initialized_only=True):
         conn.close()
         close_pool = getattr(conn, "close_pool", None)
         if close_pool is not None:
             close_pool()
-
-
-def _reconnect() -> None:
-    """Drop every pooled connection: the ones we had may point at a terminated session."""
-    _disconnect()

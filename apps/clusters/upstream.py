@@ -324,12 +324,18 @@ class Upstream:
     def _lost(self, key: tuple[str, int]) -> None:
         """A connection to ``key`` closed: one fewer open, and a waiting request may make a new one."""
         self._open[key] = max(0, self._open.get(key, 0) - 1)
+        self._hand_to_waiter(key, None)
+
+    def _hand_to_waiter(self, key: tuple[str, int], handed: _Connection | None) -> bool:
+        """Give the first request still waiting for ``key`` a connection (or, with None, room to make
+        one); False when nobody waits."""
         waiters = self._waiters.get(key)
         while waiters:
             waiter = waiters.popleft()
             if not waiter.done():
-                waiter.set_result(None)
-                return
+                waiter.set_result(handed)
+                return True
+        return False
 
     def _take_idle(self, key: tuple[str, int]) -> _Connection | None:
         idle = self._idle.get(key)
@@ -359,12 +365,8 @@ class Upstream:
                 idle.pop(0)._close()
 
     def _give_back(self, key: tuple[str, int], conn: _Connection) -> None:
-        waiters = self._waiters.get(key)
-        while waiters:
-            waiter = waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(conn)  # straight to a request waiting for one
-                return
+        if self._hand_to_waiter(key, conn):  # straight to a request waiting for one
+            return
         conn.idle_since = time.monotonic()
         self._idle.setdefault(key, []).append(conn)
 

@@ -20,7 +20,7 @@ from apps.alerts.models import Alert
 from apps.backups import codes, pgtools, restore, snapshot, verification
 from apps.backups.models import Backup, BackupState
 from modelforge.errors import ApiError
-from tests.fixtures import PYTHON, ROOT, database_url, process_env, wait_until
+from tests.fixtures import PYTHON, ROOT, database_url, process_env, process_stopped, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -165,13 +165,6 @@ def test_a_backup_root_that_fills_up_mid_dump_fails_closed_leaving_nothing(small
 # --- a real backup process, killed -----------------------------------------------------------------------
 
 
-def _stopped(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "T"
-    except OSError:
-        return False
-
-
 def _backup_process(root: Path, pause_at: str | None = None) -> subprocess.Popen[bytes]:
     env = process_env(
         MODELFORGE_DATABASE_URL=database_url(),
@@ -203,7 +196,7 @@ def _assert_interrupted(root: Path) -> Backup:
 @pytest.mark.parametrize("point", ["after_snapshot", "after_dump", "after_hash", "manifest_partial"])
 def test_a_backup_process_killed_at_each_point_is_manifest_incomplete(backup_root, point):
     child = _backup_process(backup_root, pause_at=point)
-    assert wait_until(lambda: _stopped(child.pid), 60, 0.05), child.communicate()
+    assert wait_until(lambda: process_stopped(child.pid), 60, 0.05), child.communicate()
     running = Backup.objects.get()
     assert running.state == BackupState.RUNNING
     # While its process lives (even stopped), the sweeper leaves it alone.

@@ -18,7 +18,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.fixtures import PYTHON, ROOT, admin_connection, database_url, process_env, wait_until
+from tests.fixtures import (
+    PYTHON,
+    ROOT,
+    admin_connection,
+    database_url,
+    process_env,
+    process_stopped,
+    wait_until,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -137,13 +145,6 @@ def service(tmp_path: Path) -> Iterator[Service]:
             conn.execute(f'DROP DATABASE "{database}" WITH (FORCE)')
 
 
-def _stopped(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "T"
-    except OSError:
-        return False
-
-
 def test_a_restore_round_trip_loses_exactly_what_came_after_the_backup(service):
     service.mark("before")
     taken = service.manage("backups", "take")
@@ -193,7 +194,7 @@ def test_a_restore_killed_before_the_switch_over_fails_leaving_the_service_datab
     child = service.start(
         "backups", "restore", str(taken["backup"]), "--by", "ops", "--reason", "drill", pause_at=point
     )
-    assert wait_until(lambda: _stopped(child.pid), 120, 0.05)
+    assert wait_until(lambda: process_stopped(child.pid), 120, 0.05)
     child.send_signal(signal.SIGKILL)
     child.wait(10)
     (restore_id,) = service.query("SELECT max(id) FROM backups_restore")[0]
@@ -248,7 +249,7 @@ def test_a_restore_killed_after_the_switch_over_needs_review_of_the_restored_dat
         "drill",
         pause_at="restore_post_checks",
     )
-    assert wait_until(lambda: _stopped(child.pid), 120, 0.05)
+    assert wait_until(lambda: process_stopped(child.pid), 120, 0.05)
     child.send_signal(signal.SIGKILL)
     child.wait(10)
     # The switch-over committed: the restored database is in service and holds the restore's record.

@@ -4,7 +4,6 @@ connection retried once, refused connections, timeouts, streaming chunk by chunk
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Awaitable, Callable
 
@@ -12,6 +11,7 @@ import pytest
 
 from apps.clusters import upstream as upstream_module
 from apps.clusters.upstream import ConnectFailed, Upstream, UpstreamBroken, UpstreamTimeout
+from tests.fixtures import run_in_own_loop
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -22,23 +22,6 @@ async def read_request(reader: asyncio.StreamReader) -> bytes:
         int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
     )
     return head + await reader.readexactly(length)
-
-
-def run_async(main: Callable[[], Awaitable[None]]) -> None:
-    """``asyncio.run`` on a thread of its own: the browser tests keep an event loop running in this one."""
-    failures: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            asyncio.run(main())  # type: ignore[arg-type]
-        except BaseException as exc:
-            failures.append(exc)
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join()
-    if failures:
-        raise failures[0]
 
 
 def serve(handler: Handler, test: Callable[[str, dict[str, int]], Awaitable[None]]) -> dict[str, int]:
@@ -60,7 +43,7 @@ def serve(handler: Handler, test: Callable[[str, dict[str, int]], Awaitable[None
         async with server:
             await test(f"http://127.0.0.1:{port}", stats)
 
-    run_async(main)
+    run_in_own_loop(main)
     return stats
 
 
@@ -117,7 +100,7 @@ def test_a_refused_connection_is_connect_failed_and_nothing_was_sent():
         with pytest.raises(ConnectFailed):
             await Upstream().post(f"http://127.0.0.1:{port}", "/v1/embeddings", b"{}", [])
 
-    run_async(test)
+    run_in_own_loop(test)
 
 
 def test_a_silent_backend_times_out():

@@ -77,12 +77,9 @@ class Command(BaseCommand):
         }
 
     def _sweep(self, options: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "interrupted_backups": snapshot.sweep_interrupted(),
-            "interrupted_restores": restore.sweep_interrupted(),
-            "expired": snapshot.prune(),
-            "stale": snapshot.check_staleness(),
-        }
+        from apps.backups.tasks import housekeeping
+
+        return housekeeping()  # the beat task's own body, run here in the foreground
 
     def _review(self, options: dict[str, Any]) -> dict[str, Any]:
         found = Restore.objects.filter(pk=options["restore"]).first()
