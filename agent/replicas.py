@@ -5,11 +5,15 @@ verification is never placed, so it is never reported present."""
 from __future__ import annotations
 
 import ctypes
+import errno
+import fcntl
 import hashlib
 import logging
+import os
 import shutil
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -19,6 +23,7 @@ from agent import transfer
 logger = logging.getLogger("agent.replicas")
 
 CHUNK = 8 << 20
+ALIGN = 4096  # O_DIRECT: offsets, lengths and addresses in whole blocks
 COPYING, PRESENT, FAILED = "copying", "present", "failed"
 
 
@@ -30,6 +35,8 @@ class Replica:
     done: int = 0
     state: str = COPYING
     reason: str = ""
+    started_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
 
     def as_payload(self) -> dict[str, Any]:
         return {
@@ -39,6 +46,8 @@ class Replica:
             "done_bytes": self.done,
             "total_bytes": self.total,
             "reason": self.reason,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
         }
 
 
@@ -52,6 +61,57 @@ def reserve(fd: int, size: int) -> None:
         libc.fallocate(ctypes.c_int(fd), ctypes.c_int(1), ctypes.c_longlong(0), ctypes.c_longlong(size))
     except (OSError, AttributeError):
         pass
+
+
+class BlockWriter:
+    """Writes a replica's blocks at increasing offsets, past the page cache (``O_DIRECT``) where the file
+    system allows it and the block is aligned, and makes the file durable on close.
+
+    A node's memory belongs to the model servers it runs: copying a 40 GB artifact through the page cache
+    would push their weights out of it. Direct writes also leave the CPU to SHA-256 (the bench measured a
+    buffered write of new pages at 700-5,000 MiB/s from one run to the next on this VM, a direct one at
+    1,900 MiB/s with almost no CPU). A file system without ``O_DIRECT`` (tmpfs), an unaligned resume point
+    or the last short block fall back to plain writes for the rest of the file.
+    """
+
+    def __init__(self, path: Path, offset: int, size: int) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | (0 if offset else os.O_TRUNC)
+        self.direct = False
+        self.offset = offset
+        if hasattr(os, "O_DIRECT") and offset % ALIGN == 0:
+            try:
+                self.fd = os.open(path, flags | os.O_DIRECT, 0o644)
+                self.direct = True
+            except OSError:
+                self.fd = os.open(path, flags, 0o644)
+        else:
+            self.fd = os.open(path, flags, 0o644)
+        reserve(self.fd, size)
+
+    def _buffered(self) -> None:
+        if self.direct:
+            fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+            self.direct = False
+
+    def write(self, block: memoryview) -> None:
+        while block:
+            if self.direct and (len(block) % ALIGN or self.offset % ALIGN):
+                self._buffered()
+            try:
+                written = os.pwrite(self.fd, block, self.offset)
+            except OSError as exc:
+                if not (self.direct and exc.errno == errno.EINVAL):
+                    raise
+                self._buffered()  # the file system refused this direct write: the rest goes buffered
+                continue
+            self.offset += written
+            block = block[written:]
+
+    def close(self) -> None:
+        try:
+            os.fsync(self.fd)
+        finally:
+            os.close(self.fd)
 
 
 class ReplicaManager:
@@ -87,9 +147,11 @@ class ReplicaManager:
             for item in spec["files"]:
                 self._fetch(replica, spec["base_url"], item, incoming)
             self._place(replica, spec, incoming)
+            replica.finished_at = time.time()
             replica.state = PRESENT
             logger.info("replica %s (%s) is present", replica.replica_id, replica.name)
         except Exception as exc:
+            replica.finished_at = time.time()
             replica.state, replica.reason = FAILED, str(exc)[:500]
             logger.warning("replica %s failed: %s", replica.replica_id, replica.reason)
 
@@ -118,9 +180,9 @@ class ReplicaManager:
             if response.status == 200 and have:
                 sha = hashlib.sha256()  # the server sent it whole: start over
                 replica.done -= have
-            mode = "ab" if response.status == 206 else "wb"
-            with partial.open(mode) as writer:
-                reserve(writer.fileno(), int(item["size"]))
+            resume_at = have if response.status == 206 else 0
+            writer = BlockWriter(partial, resume_at, int(item["size"]))
+            try:
 
                 def write(block: memoryview) -> None:
                     writer.write(block)
@@ -129,6 +191,8 @@ class ReplicaManager:
                 # Hashed as it arrives (one pass over the bytes), beside the write: each on a thread of
                 # its own while the next block is received (hashlib and file writes release the GIL).
                 response.pipe(sha.update, write)
+            finally:
+                writer.close()
         finally:
             response.close()
         if sha.hexdigest() != item["sha256"]:

@@ -9,6 +9,7 @@ receiving with hashing and writing, which release the GIL.
 
 from __future__ import annotations
 
+import mmap
 import queue
 import socket
 import ssl
@@ -45,15 +46,15 @@ class Response:
             length = int(self.headers["content-length"])
         except (KeyError, ValueError):
             raise RuntimeError("the server's answer has no Content-Length") from None
-        free: queue.Queue[bytearray] = queue.Queue()
-        for _ in range(DEPTH):
-            free.put(bytearray(BUFFER))
-        inboxes: list[queue.Queue[tuple[bytearray, int] | None]] = [queue.Queue() for _ in consumers]
+        free: queue.Queue[mmap.mmap] = queue.Queue()
+        for _ in range(DEPTH):  # page-aligned memory, so a consumer may write it with O_DIRECT
+            free.put(mmap.mmap(-1, BUFFER))
+        inboxes: list[queue.Queue[tuple[mmap.mmap, int] | None]] = [queue.Queue() for _ in consumers]
         pending_uses: dict[int, int] = {}
         uses_lock = threading.Lock()
         failures: list[BaseException] = []
 
-        def release(buffer: bytearray) -> None:
+        def release(buffer: mmap.mmap) -> None:
             with uses_lock:
                 pending_uses[id(buffer)] -= 1
                 done = pending_uses[id(buffer)] == 0
@@ -61,7 +62,7 @@ class Response:
                 free.put(buffer)
 
         def work(
-            consume: Callable[[memoryview], None], inbox: queue.Queue[tuple[bytearray, int] | None]
+            consume: Callable[[memoryview], None], inbox: queue.Queue[tuple[mmap.mmap, int] | None]
         ) -> None:
             while (item := inbox.get()) is not None:
                 buffer, size = item
@@ -79,7 +80,7 @@ class Response:
         for worker in workers:
             worker.start()
 
-        def hand_over(buffer: bytearray, size: int) -> None:
+        def hand_over(buffer: mmap.mmap, size: int) -> None:
             with uses_lock:
                 pending_uses[id(buffer)] = len(inboxes)
             for inbox in inboxes:

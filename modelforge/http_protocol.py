@@ -5,14 +5,23 @@ it sends ``http.response.body``: two ``send`` calls, two TCP segments, for every
 writes made while a task runs are joined and handed to the socket once, at the end of the event loop's
 turn (``call_soon``). Order is kept; ``close`` and ``write_eof`` flush first. The gateway bench measured
 the second system call as a visible share of its per-request CPU (bench/gateway/README.md).
+
+It also speaks ASGI's zero-copy send extension (``http.response.zerocopysend``): a file's bytes go from
+the page cache to the socket with ``sendfile`` instead of being read into Python and written back
+(the agents' artifact downloads; the replication bench measured the read-and-write path at 0.45 CPU
+seconds per GiB, most of a core at the speeds replication runs).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import select
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+ZERO_COPY = "http.response.zerocopysend"
 
 
 class CoalescingTransport:
@@ -71,3 +80,103 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and not getattr(cycle, "zero_copy", False):
+            cycle.zero_copy = True  # type: ignore[attr-defined]
+            cycle.scope.setdefault("extensions", {})[ZERO_COPY] = {}
+            cycle.send = ZeroCopySend(cycle, self.loop)  # type: ignore[method-assign]
+
+
+class ZeroCopySend:
+    """``send`` for one request: ``http.response.zerocopysend`` messages (``file``: a binary file object,
+    ``offset``, ``count``, ``more_body``) go out with ``os.sendfile``; every other message to uvicorn.
+
+    The response must have started with a ``content-length``. ``sendfile`` runs on a thread with a
+    duplicate of the socket's descriptor (uvloop, the worker's loop, has no ``loop.sendfile``; the
+    duplicate keeps the descriptor from being reused should the loop close the connection meanwhile). The
+    loop writes nothing else to the connection until it returns. A client that goes away mid-file, or
+    reads nothing for ``STALL`` seconds, ends the response quietly, as uvicorn does for a body written to a
+    closed connection. Over TLS (no plain socket) the file is read and written in blocks instead.
+    """
+
+    __slots__ = ("_cycle", "_loop", "_send")
+
+    STALL = 60.0
+    BLOCK = 8 << 20
+
+    def __init__(self, cycle: RequestResponseCycle, loop: asyncio.AbstractEventLoop) -> None:
+        self._cycle = cycle
+        self._loop = loop
+        self._send = RequestResponseCycle.send.__get__(cycle)
+
+    async def __call__(self, message: Any) -> None:
+        if message["type"] != ZERO_COPY:
+            await self._send(message)
+            return
+        cycle = self._cycle
+        if not cycle.response_started or cycle.response_complete or cycle.chunked_encoding is not False:
+            raise RuntimeError(f"{ZERO_COPY} needs a started response with a content-length")
+        file = message["file"]
+        offset = int(message.get("offset", 0))
+        count = message.get("count")
+        count = cycle.expected_content_length if count is None else int(count)
+        if count > cycle.expected_content_length:
+            raise RuntimeError("Response content longer than Content-Length")
+        transport = cycle.transport
+        if isinstance(transport, CoalescingTransport):
+            transport.flush()
+            transport = transport._transport
+        sock = transport.get_extra_info("socket")
+        if sock is None or transport.get_extra_info("sslcontext") is not None:
+            await self._copy_in_blocks(file, offset, count, message.get("more_body", False))
+            return
+        while transport.get_write_buffer_size() and not cycle.disconnected:
+            await asyncio.sleep(0.001)  # the head has not left yet (rare: it is small)
+        if cycle.disconnected:
+            return
+        descriptor = os.dup(sock.fileno())
+        try:
+            sent = await self._loop.run_in_executor(
+                None, self._sendfile, descriptor, file.fileno(), offset, count
+            )
+        finally:
+            os.close(descriptor)
+        if sent < count:  # the client went away or stopped reading
+            cycle.disconnected = True
+            cycle.transport.close()
+            return
+        cycle.expected_content_length -= sent
+        if not message.get("more_body", False):
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _sendfile(self, out_fd: int, in_fd: int, offset: int, count: int) -> int:
+        """Bytes sent: ``count``, or fewer when the client went away or stalled."""
+        sent = 0
+        poller = select.poll()
+        poller.register(out_fd, select.POLLOUT)
+        while sent < count and not self._cycle.disconnected:
+            try:
+                done = os.sendfile(out_fd, in_fd, offset + sent, min(self.BLOCK, count - sent))
+            except BlockingIOError:
+                if not poller.poll(self.STALL * 1000):
+                    return sent
+                continue
+            except OSError:  # reset, broken pipe
+                return sent
+            if done == 0:  # the file is shorter than promised
+                raise RuntimeError("the file ended before the response's content-length")
+            sent += done
+        return sent
+
+    async def _copy_in_blocks(self, file: Any, offset: int, count: int, more_body: bool) -> None:
+        file.seek(offset)
+        while count:
+            block = await self._loop.run_in_executor(None, file.read, min(self.BLOCK, count))
+            if not block:
+                raise RuntimeError("the file ended before the response's content-length")
+            count -= len(block)
+            more = bool(count) or more_body
+            await self._send({"type": "http.response.body", "body": block, "more_body": more})

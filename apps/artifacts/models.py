@@ -96,6 +96,9 @@ class Replica(models.Model):
     name = models.CharField(max_length=255, help_text="Its name in the node's models directory.")
     done_bytes = models.BigIntegerField(default=0)
     total_bytes = models.BigIntegerField(default=0)
+    copy_seconds = models.FloatField(
+        null=True, blank=True, help_text="How long the agent took to fetch, verify and place it."
+    )
     reason = models.TextField(blank=True)
     requested_by = models.CharField(max_length=150, blank=True)
     requested_at = models.DateTimeField(default=timezone.now)
@@ -109,3 +112,9 @@ class Replica(models.Model):
 
     def __str__(self) -> str:
         return f"{self.artifact} on {self.node_id} ({self.state})"
+
+    @property
+    def mib_per_second(self) -> float | None:
+        if not self.copy_seconds or not self.total_bytes:
+            return None
+        return self.total_bytes / 2**20 / self.copy_seconds

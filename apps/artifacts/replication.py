@@ -39,6 +39,7 @@ def request_replica(artifact: Artifact, node: Node, *, by: str) -> Replica:
         state=ReplicaState.REQUESTED,
         reason="",
         done_bytes=0,
+        copy_seconds=None,
         total_bytes=artifact.size_bytes,
         requested_by=by,
         updated_at=timezone.now(),
@@ -95,11 +96,22 @@ def check(replica: Replica) -> bool:
     presence = agent_client.model_presence(replica.node, replica.name)
     if presence.status == 200 and presence.body.get("present"):
         Replica.objects.filter(pk=replica.pk).update(
-            state=ReplicaState.PRESENT, done_bytes=replica.total_bytes, updated_at=timezone.now()
+            state=ReplicaState.PRESENT,
+            done_bytes=replica.total_bytes,
+            copy_seconds=_copy_seconds(reply.body),
+            updated_at=timezone.now(),
         )
     else:
         _fail(replica, "the agent finished, but the presence check does not find it")
     return True
+
+
+def _copy_seconds(status: dict) -> float | None:
+    """The agent's own start and finish times (one clock, the node's); None from an older agent."""
+    started, finished = status.get("started_at"), status.get("finished_at")
+    if isinstance(started, int | float) and isinstance(finished, int | float) and finished >= started:
+        return round(float(finished - started), 3)
+    return None
 
 
 def _fail(replica: Replica, reason: str) -> None:

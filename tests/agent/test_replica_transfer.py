@@ -5,6 +5,7 @@ discarded and never placed."""
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import threading
 import time
@@ -115,3 +116,33 @@ def test_the_reader_refuses_a_body_without_a_length(tmp_path: Path):
         response.pipe(lambda block: None)
     left.close()
     right.close()
+
+
+def test_block_writer_writes_past_the_page_cache_while_aligned_and_plainly_for_the_tail(tmp_path: Path):
+    from agent.replicas import BlockWriter
+
+    body = os.urandom(3 * transfer.BUFFER + 4097)  # three whole buffers and an unaligned tail
+    path = tmp_path / "weights.part"
+    writer = BlockWriter(path, 0, len(body))
+    assert writer.direct  # ext4 under the test's temporary directory takes O_DIRECT
+    aligned = mmap.mmap(-1, transfer.BUFFER)  # page-aligned, as the reader's buffers are
+    for offset in range(0, 3 * transfer.BUFFER, transfer.BUFFER):
+        aligned[:] = body[offset : offset + transfer.BUFFER]
+        writer.write(memoryview(aligned))
+        assert writer.direct
+    writer.write(memoryview(body)[3 * transfer.BUFFER :])
+    assert not writer.direct  # the short last block went through the page cache
+    writer.close()
+    assert path.read_bytes() == body
+
+
+def test_block_writer_resumes_at_an_unaligned_offset_with_plain_writes(tmp_path: Path):
+    from agent.replicas import BlockWriter
+
+    path = tmp_path / "weights.part"
+    path.write_bytes(b"a" * 1000)
+    writer = BlockWriter(path, 1000, 1000 + 5000)
+    assert not writer.direct  # O_DIRECT needs whole blocks: the rest of this file is written plainly
+    writer.write(memoryview(b"b" * 5000))
+    writer.close()
+    assert path.read_bytes() == b"a" * 1000 + b"b" * 5000

@@ -95,6 +95,7 @@ def test_an_artifact_is_replicated_on_request_and_then_present(
     replica.refresh_from_db()
     assert replica.state == "present", replica.reason
     assert replica.done_bytes == artifact.size_bytes
+    assert replica.copy_seconds is not None and 0 < replica.copy_seconds < 60  # the agent's own timing
     assert present(node, expected_name)
 
 
