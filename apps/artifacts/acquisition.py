@@ -17,6 +17,7 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from apps.artifacts import codes
@@ -165,9 +166,18 @@ def detect_format(files: list[dict[str, Any]]) -> str:
     return "unknown"
 
 
-def run_checks(artifact: Artifact) -> list[dict[str, str]]:
-    """Every supply-chain rule, in order, with its outcome: pass, fail, skipped, or
-    DEFERRED_EXTERNAL_VALIDATION (a check that needs an outside service: never a pass)."""
+SOURCE_RULES = (codes.RULE_ALLOWED_SOURCE, codes.RULE_REVISION_PINNED)
+CONTENT_RULES = (
+    codes.RULE_DIGEST_MATCH,
+    codes.RULE_FORMAT_ALLOWED,
+    codes.RULE_SIZE_BOUNDS,
+    codes.RULE_LICENCE_REQUIRED,
+)
+
+
+def source_checks(artifact: Artifact) -> list[dict[str, str]]:
+    """The rules about where the weights come from, judged before a byte is fetched: a source the
+    policy refuses is never downloaded."""
     checks: list[dict[str, str]] = []
 
     def record(rule: str, outcome: str, detail: str) -> None:
@@ -192,6 +202,17 @@ def run_checks(artifact: Artifact) -> list[dict[str, str]]:
         )
     else:
         record(codes.RULE_REVISION_PINNED, "pass", artifact.revision or "the source itself is the identity")
+    return checks
+
+
+def run_checks(artifact: Artifact) -> list[dict[str, str]]:
+    """Every supply-chain rule, in order, with its outcome: pass, fail, skipped, or
+    DEFERRED_EXTERNAL_VALIDATION (a check that needs an outside service: never a pass)."""
+    checks = source_checks(artifact)
+
+    def record(rule: str, outcome: str, detail: str) -> None:
+        checks.append({"rule": rule, "outcome": outcome, "detail": detail})
+
     recorded = {f["path"]: f["sha256"] for f in artifact.files}
     if artifact.expected_sha256:
         wrong = [p for p, sha in artifact.expected_sha256.items() if recorded.get(p) != sha]
@@ -256,8 +277,24 @@ def judge(artifact: Artifact, checks: list[dict[str, str]], *, by: str = "", det
         artifact.events.filter(pk=artifact.events.first().pk).update(by=by)  # type: ignore[union-attr]
 
 
+def _refused_before_fetch(artifact: Artifact) -> bool:
+    """Quarantine with the source rule that fails, nothing fetched (the content rules are skipped)."""
+    checks = source_checks(artifact)
+    if not any(c["outcome"] == "fail" for c in checks):
+        return False
+    checks += [
+        {"rule": rule, "outcome": "skipped", "detail": "not fetched: the source was refused first"}
+        for rule in CONTENT_RULES
+    ]
+    judge(artifact, checks)
+    return True
+
+
 def acquire(artifact: Artifact) -> None:
-    """Fetch into the store, record every file's digest, run the checks; report an unreachable source."""
+    """Judge the source, fetch into the store, record every file's digest, run every check; report an
+    unreachable source."""
+    if _refused_before_fetch(artifact):
+        return
     target = store_dir(artifact)
     artifact.set_state(
         ArtifactState.ACQUIRING, f"from {artifact.source_kind} {artifact.locator}", store_path=str(target)
@@ -288,7 +325,18 @@ def release(artifact: Artifact, *, by: str, reason: str) -> Artifact:
     artifact.events.create(
         from_state=artifact.state, to_state=artifact.state, by=by, detail=f"release requested: {reason}"
     )
-    artifact.files = list(digests(Path(artifact.store_path)))
+    if artifact.acquired_at is None and not artifact.files:  # refused before anything was fetched
+        return _release_unfetched(artifact, by=by, reason=reason)
+    fresh = list(digests(Path(artifact.store_path)))
+    changed = _changed_files(artifact.files, fresh)
+    if changed:  # the store's copy is judged as it is now; the history says what differs from acquisition
+        artifact.events.create(
+            from_state=artifact.state,
+            to_state=artifact.state,
+            by=by,
+            detail=("the store's copy differs from what was acquired: " + "; ".join(changed))[:1000],
+        )
+    artifact.files = fresh
     artifact.save(update_fields=["files"])
     judge(artifact, run_checks(artifact), by=by, detail=f"released by {by}: {reason}")
     if artifact.state == ArtifactState.QUARANTINED:
@@ -298,6 +346,41 @@ def release(artifact: Artifact, *, by: str, reason: str) -> Artifact:
             f"({next(c['detail'] for c in artifact.checks if c['outcome'] == 'fail')}).",
             409,
         )
+    return artifact
+
+
+def _changed_files(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[str]:
+    old = {f["path"]: f["sha256"] for f in before}
+    new = {f["path"]: f["sha256"] for f in after}
+    changes = [f"{path} added" for path in sorted(new.keys() - old.keys())]
+    changes += [f"{path} removed" for path in sorted(old.keys() - new.keys())]
+    changes += [
+        f"{path} {old[path][:12]}… → {new[path][:12]}…"
+        for path in sorted(old.keys() & new.keys())
+        if old[path] != new[path]
+    ]
+    return changes
+
+
+def _release_unfetched(artifact: Artifact, *, by: str, reason: str) -> Artifact:
+    """A source refused before download: once its rules pass (the operator changed the policy), the
+    release fetches it now, and every rule runs again on what arrives."""
+    if _refused_before_fetch(artifact):
+        raise ApiError(
+            codes.ARTIFACT_QUARANTINED,
+            f"Artifact {artifact.name} stays in quarantine: {artifact.quarantine_rule} still fails "
+            f"({next(c['detail'] for c in artifact.checks if c['outcome'] == 'fail')}); nothing was fetched.",
+            409,
+        )
+    artifact.set_state(
+        ArtifactState.REQUESTED,
+        f"released by {by}: {reason}; fetching now, every check runs again on what arrives",
+        quarantine_rule="",
+    )
+    artifact.events.filter(pk=artifact.events.first().pk).update(by=by)  # type: ignore[union-attr]
+    from apps.artifacts.tasks import acquire as acquire_task
+
+    transaction.on_commit(lambda: acquire_task.delay(artifact.pk))
     return artifact
 
 

@@ -58,8 +58,11 @@ def artifact_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
             replication.request_replica(artifact, node, by=by)
             messages.info(request, f"Replicating {artifact.name} to {node.name}.")
         elif action == "release":
-            acquisition.release(artifact, by=by, reason=request.POST.get("reason", ""))
-            messages.success(request, f"{artifact.name} released: every check passes.")
+            released = acquisition.release(artifact, by=by, reason=request.POST.get("reason", ""))
+            if released.state == "requested":
+                messages.info(request, f"{artifact.name} released: fetching now; every check runs again.")
+            else:
+                messages.success(request, f"{artifact.name} released: every check passes.")
         elif action == "rehydrate":
             transaction.on_commit(lambda: rehydrate.delay(artifact.pk))
             messages.info(request, f"Rehydrating {artifact.name} from its recorded upstream.")

@@ -12,14 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from apps.artifacts import acquisition
+from apps.artifacts import acquisition, tasks
 from apps.artifacts.models import Artifact
+from modelforge.errors import ApiError
 
 pytestmark = pytest.mark.django_db
 
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+ASKED: list[str] = []  # the paths the test HTTP server was asked for
 
 
 @pytest.fixture(autouse=True)
@@ -34,8 +38,11 @@ def http_root(tmp_path) -> Iterator[tuple[Path, str]]:
     root = tmp_path / "served"
     root.mkdir()
 
+    ASKED.clear()
+
     class RangeHandler(SimpleHTTPRequestHandler):
         def send_head(self):
+            ASKED.append(self.path)
             ranged = self.headers.get("Range")
             path = Path(self.translate_path(self.path))
             if not ranged or not path.is_file():
@@ -128,6 +135,9 @@ def test_a_tampered_file_is_quarantined_naming_the_rule_and_release_needs_a_clea
     released = acquisition.release(item, by="alice", reason="restored the verified file from backup")
     assert released.state == "ready"
     assert released.events.filter(to_state="ready", by="alice").exists()
+    changed = released.events.get(detail__startswith="the store's copy differs")
+    assert changed.by == "alice" and "model.safetensors" in changed.detail
+    assert sha(b"tampered weights")[:12] in changed.detail and sha(b"weights")[:12] in changed.detail
 
 
 def test_pickle_weights_are_quarantined_unless_allowed(tmp_path, settings):
@@ -394,3 +404,48 @@ def test_an_empty_source_is_quarantined_by_size_bounds(tmp_path):
     item.refresh_from_db()
     assert (item.state, item.quarantine_rule) == ("quarantined", "SIZE_BOUNDS")
     assert "no weights" in next(c["detail"] for c in item.checks if c["rule"] == "SIZE_BOUNDS")
+
+
+def test_a_refused_source_is_quarantined_before_anything_is_fetched_and_release_then_fetches(
+    http_root, settings, store, django_capture_on_commit_callbacks
+):
+    root, base = http_root
+    data = b"GGUF" + b"\x01" * 3000
+    (root / "tiny.gguf").write_bytes(data)
+    settings.ARTIFACT_ALLOWED_HOSTS = ["models.internal.example"]
+    item = artifact(source_kind="http", locator=f"{base}/tiny.gguf")
+    acquisition.acquire(item)
+    item.refresh_from_db()
+    assert (item.state, item.quarantine_rule) == ("quarantined", "ALLOWED_SOURCE")
+    assert item.files == [] and item.acquired_at is None and item.progress_bytes == 0
+    assert not any(store.glob("**/*.gguf"))  # nothing was downloaded
+    outcomes = {c["rule"]: c["outcome"] for c in item.checks}
+    assert outcomes["ALLOWED_SOURCE"] == "fail" and outcomes["DIGEST_MATCH"] == "skipped"
+    assert ASKED == []  # the server was never asked
+
+    # Released while the rule still fails: refused, still nothing fetched.
+    with pytest.raises(ApiError) as refused:
+        acquisition.release(item, by="ops", reason="we trust it")
+    assert refused.value.code == "ARTIFACT_QUARANTINED"
+    item.refresh_from_db()
+    assert item.state == "quarantined" and ASKED == []
+
+    # The operator allows the host; release records who and why and fetches now, every rule run again.
+    settings.ARTIFACT_ALLOWED_HOSTS = ["127.0.0.1"]
+    with django_capture_on_commit_callbacks() as queued:
+        released = acquisition.release(item, by="ops", reason="mirror approved in CHG-42")
+    assert released.state == "requested" and len(queued) == 1  # the acquisition task, once committed
+    assert item.events.filter(by="ops", detail__contains="CHG-42").exists()
+    tasks.acquire(item.pk)  # what the release queued (the API test runs it through the worker)
+    item.refresh_from_db()
+    assert item.state == "ready", item.checks
+    assert item.files == [{"path": "tiny.gguf", "size": len(data), "sha256": sha(data)}]
+    assert ASKED == ["/tiny.gguf"]
+
+
+def test_an_unpinned_hub_revision_is_refused_before_any_download(settings):
+    item = artifact(source_kind="huggingface", locator="org/model", revision="main")
+    acquisition.acquire(item)  # no hub is reachable from the tests: a fetch would be a failure instead
+    item.refresh_from_db()
+    assert (item.state, item.quarantine_rule) == ("quarantined", "REVISION_PINNED")
+    assert item.failure_code == "" and item.files == []
