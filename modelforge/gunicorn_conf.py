@@ -26,3 +26,16 @@ loglevel = str(settings.LOG_LEVEL).lower()
 # gunicorn 27's control socket lives at one path per user; several gunicorns on one machine (make run
 # beside make test) would fight over it, and nothing here uses it.
 control_socket_disable = True
+
+
+def post_worker_init(worker: object) -> None:
+    """Everything loaded by now lives as long as the worker: moved out of the cyclic collector's sight
+    (``gc.freeze``), and the youngest generation collected less often. Each proxied request allocates a few
+    hundred short-lived containers, so at the default threshold (700) the collector ran every few
+    requests, each time walking objects that are never garbage; the gateway bench measured it at 2-3 % of
+    the worker's CPU."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)

@@ -32,6 +32,11 @@ MAX_CONNECTIONS_PER_BACKEND = 256
 IDLE_TIMEOUT_S = 30.0
 
 
+def _write_if_open(transport: asyncio.Transport, data: bytes) -> None:
+    if not transport.is_closing():
+        transport.write(data)
+
+
 class UpstreamError(Exception):
     """The backend could not be used for this request."""
 
@@ -293,7 +298,10 @@ class Upstream:
 
     async def _exchange(self, key: tuple[str, int], conn: _Connection, request: bytes) -> UpstreamResponse:
         assert conn.transport is not None
-        conn.transport.write(request)
+        # Written at the end of this turn of the loop rather than at once: requests that arrived together
+        # are all read and routed before the first one wakes a backend sharing the core (the gateway
+        # bench measured a few µs less CPU per request). A connection lost meanwhile is seen by ``wait``.
+        asyncio.get_running_loop().call_soon(_write_if_open, conn.transport, request)
         try:
             while not conn.head_done:
                 await conn.wait(self.read_timeout)

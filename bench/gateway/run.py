@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import PYTHON, free_port, route_to_one_backend, start_web, throwaway_stack
 
 HERE = Path(__file__).resolve().parent
+PYSPY = str(Path(PYTHON).with_name("py-spy"))  # the dev extra's sampling profiler, for --profile
 TICKS = os.sysconf("SC_CLK_TCK")
 BODIES = {
     "embeddings": ("/v1/embeddings", {"model": "rag.embedding@1", "input": "The quick brown fox."}),
@@ -124,6 +125,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--conns", default="8,32,64")
     parser.add_argument("--workloads", default="embeddings,chat,stream")
+    parser.add_argument(
+        "--profile",
+        metavar="PATH",
+        help="sample the gateway worker with py-spy during the first gateway row (collapsed stacks to PATH)",
+    )
     args = parser.parse_args()
     conns = [int(c) for c in args.conns.split(",")]
     workloads = args.workloads.split(",")
@@ -173,7 +179,18 @@ def main() -> int:
                     result = {}
                     for target, base, auth in (("direct", direct, ""), ("gateway", through, key)):
                         before = cpu_seconds(group_pids(gateway.pid))
+                        sampler = None
+                        if args.profile and target == "gateway" and not rows:
+                            worker = max(set(group_pids(gateway.pid)) - {gateway.pid})
+                            sampling = ["--format", "raw", "--nonblocking", "--rate", "500"]
+                            sampling += ["--duration", str(args.seconds), "-o", args.profile]
+                            sampler = subprocess.Popen(
+                                [PYSPY, "record", "--pid", str(worker), *sampling],
+                                stdout=subprocess.DEVNULL,
+                            )
                         measured = wrk(base + path, body, auth, n, args.seconds)
+                        if sampler is not None:
+                            sampler.wait(30)
                         used = cpu_seconds(group_pids(gateway.pid)) - before
                         result[target] = (measured, used)
                     d, (g, g_cpu) = result["direct"][0], result["gateway"]
