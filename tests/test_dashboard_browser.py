@@ -47,3 +47,42 @@ def test_a_non_staff_account_is_told_it_is_not_an_operator(live_web, browser):
         assert "not an operator" in page.locator("[role=alert]").inner_text()
     finally:
         page.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operator_builds_a_cluster_and_binds_a_capability_in_the_browser(live_web, browser):
+    from apps.clusters.models import Capability, Cluster, RoutingTier
+
+    User.objects.create_superuser("ops", email="", password="correct-horse-battery-9")
+    page = browser.new_page()  # type: ignore[attr-defined]
+    try:
+        page.goto(live_web.url + "/login/")
+        page.fill("#id_username", "ops")
+        page.fill("#id_password", "correct-horse-battery-9")
+        page.click("button[type=submit]")
+        page.wait_for_selector("h1:has-text('Overview')")
+        page.goto(live_web.url + "/clusters/")
+        page.fill("#create-capability input[name=name]", "RAG.embedding@1")  # refused: not written exactly
+        page.click("#create-capability button")
+        assert "VALIDATION_ERROR" in page.locator("body").inner_text()
+        page.fill("#create-capability input[name=name]", "rag.embedding@1")
+        page.click("#create-capability button")
+        page.fill("#create-cluster input[name=name]", "embed")
+        page.select_option("#create-cluster select[name=algorithm]", "least_connections")
+        page.click("#create-cluster button")
+        page.wait_for_selector("h1:has-text('embed')")
+        page.fill("#add-member input[name=name]", "a")
+        page.click("#add-member button")
+        assert page.locator("#members td:has-text('a')").first.is_visible()
+        page.goto(live_web.url + "/clusters/")
+        page.select_option("#create-tier select[name=cluster]", label="embed")
+        page.click("#create-tier button")
+        assert "tier 0: cluster embed" in page.locator("body").inner_text()
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "dashboard-clusters.png"), full_page=True)
+    finally:
+        page.close()
+    assert list(Capability.objects.values_list("name", flat=True)) == ["rag.embedding@1"]
+    cluster = Cluster.objects.get(name="embed")
+    assert cluster.algorithm == "least_connections" and cluster.members.count() == 1
+    assert RoutingTier.objects.get().cluster == cluster

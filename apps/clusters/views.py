@@ -1,4 +1,6 @@
-"""Dashboard pages: clusters with their load-balancer card, capabilities and credentials at a glance."""
+"""Dashboard pages: clusters with their load-balancer card, members, capabilities with their routing tiers,
+and client credentials, each with the operator's actions. Every form validates through the API's
+serializers and refuses with the API's codes (``CLUSTER_MEMBERSHIP_LOCKED`` while servers are attached)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from apps.clusters.loadbalancer import cluster_report
-from apps.clusters.models import Capability, ClientCredential, Cluster
+from apps.clusters.models import Algorithm, Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
+from apps.servers.models import ModelServer
+from modelforge.errors import ApiError
 
 staff_required: Any = staff_member_required(login_url="dashboard:login")
 MINTED_SESSION_KEY = "clusters.minted_credential"
@@ -26,6 +30,8 @@ def cluster_list(request: HttpRequest) -> HttpResponse:
         "capabilities": Capability.objects.prefetch_related("tiers__cluster", "tiers__server"),
         "credentials": ClientCredential.objects.all()[:50],
         "capability_names": Capability.objects.order_by("name").values_list("name", flat=True),
+        "algorithms": Algorithm.choices,
+        "servers": ModelServer.objects.order_by("name").only("pk", "name"),
         "minted": _take_minted(request),
         "active_nav": "clusters",
     }
@@ -93,8 +99,161 @@ def credential_revoke(request: HttpRequest, pk: int) -> HttpResponse:
 @staff_required
 def cluster_detail(request: HttpRequest, pk: int) -> HttpResponse:
     cluster = get_object_or_404(Cluster, pk=pk)
-    return render(
+    context = {
+        "cluster": cluster,
+        "lb": cluster_report(cluster),
+        "members": cluster.members.select_related("server"),
+        "locked": cluster.has_servers_attached(),
+        "algorithms": Algorithm.choices,
+        "servers": ModelServer.objects.filter(cluster_member__isnull=True).order_by("name"),
+        "active_nav": "clusters",
+    }
+    return render(request, "clusters/cluster_detail.html", context)
+
+
+def _problems(errors: Any) -> str:
+    if isinstance(errors, dict):
+        return "; ".join(f"{field}: {' '.join(map(str, errs))}" for field, errs in errors.items())
+    return " ".join(map(str, errors))
+
+
+def _save(request: HttpRequest, serializer: Any, done: str, check: Any = None) -> Any:
+    """Validate and save through the API's serializer; flash the outcome with the API's codes."""
+    if not serializer.is_valid():
+        messages.error(request, f"VALIDATION_ERROR: {_problems(serializer.errors)}")
+        return None
+    try:
+        if check is not None:
+            check(serializer)
+        saved = serializer.save()
+    except ApiError as exc:
+        messages.error(request, f"{exc.code}: {exc.message}")
+        return None
+    messages.success(request, done.format(saved))
+    return saved
+
+
+def _post(request: HttpRequest, *names: str) -> dict[str, Any]:
+    """The named form fields; empty ones left out, so the serializer's defaults apply."""
+    return {name: request.POST[name] for name in names if request.POST.get(name, "") != ""}
+
+
+@staff_required
+@require_POST
+def cluster_create(request: HttpRequest) -> HttpResponse:
+    from apps.clusters.api.serializers import ClusterSerializer
+
+    serializer = ClusterSerializer(data=_post(request, "name", "algorithm"))
+    cluster = _save(request, serializer, "Cluster {} created.")
+    return redirect("clusters:detail", cluster.pk) if cluster else redirect("clusters:list")
+
+
+@staff_required
+@require_POST
+def cluster_algorithm(request: HttpRequest, pk: int) -> HttpResponse:
+    """The algorithm is a runtime router knob: accepted with servers attached."""
+    from apps.clusters.api.serializers import ClusterSerializer
+
+    cluster = get_object_or_404(Cluster, pk=pk)
+    serializer = ClusterSerializer(cluster, data=_post(request, "algorithm"), partial=True)
+    _save(request, serializer, "Cluster {} now routes by its new algorithm.")
+    return redirect("clusters:detail", pk)
+
+
+@staff_required
+@require_POST
+def member_add(request: HttpRequest, pk: int) -> HttpResponse:
+    from apps.clusters.api.serializers import ClusterMemberSerializer
+
+    cluster = get_object_or_404(Cluster, pk=pk)
+    data = {"cluster": cluster.pk, **_post(request, "name", "gpus", "weight")}
+    _save(
         request,
-        "clusters/cluster_detail.html",
-        {"cluster": cluster, "lb": cluster_report(cluster), "active_nav": "clusters"},
+        ClusterMemberSerializer(data=data),
+        "Member {} added.",
+        check=lambda _s: cluster.refuse_membership_change(),
     )
+    return redirect("clusters:detail", pk)
+
+
+@staff_required
+@require_POST
+def member_edit(request: HttpRequest, pk: int) -> HttpResponse:
+    """Weight, GPUs or name: membership, refused while the cluster has servers attached."""
+    from apps.clusters.api.serializers import ClusterMemberSerializer
+
+    member = get_object_or_404(ClusterMember.objects.select_related("cluster"), pk=pk)
+    serializer = ClusterMemberSerializer(member, data=_post(request, "name", "gpus", "weight"), partial=True)
+    locked = member.cluster.refuse_membership_change
+    _save(request, serializer, "Member {} changed.", check=lambda _s: locked())
+    return redirect("clusters:detail", member.cluster_id)
+
+
+@staff_required
+@require_POST
+def member_remove(request: HttpRequest, pk: int) -> HttpResponse:
+    member = get_object_or_404(ClusterMember.objects.select_related("cluster"), pk=pk)
+    try:
+        member.cluster.refuse_membership_change()
+    except ApiError as exc:
+        messages.error(request, f"{exc.code}: {exc.message}")
+    else:
+        member.delete()
+        messages.success(request, f"Member {member.name} removed.")
+    return redirect("clusters:detail", member.cluster_id)
+
+
+@staff_required
+@require_POST
+def member_attach(request: HttpRequest, pk: int) -> HttpResponse:
+    member = get_object_or_404(ClusterMember, pk=pk)
+    server = ModelServer.objects.filter(pk=request.POST.get("server") or 0).first()
+    if server is None:
+        messages.error(request, "VALIDATION_ERROR: server: choose an existing model server.")
+    elif ClusterMember.objects.filter(server=server).exclude(pk=member.pk).exists():
+        messages.error(request, f"VALIDATION_ERROR: server: {server.name} is already attached to a member.")
+    else:
+        member.server = server
+        member.save(update_fields=["server"])
+        messages.success(request, f"{server.name} attached to {member.name}.")
+    return redirect("clusters:detail", member.cluster_id)
+
+
+@staff_required
+@require_POST
+def member_detach(request: HttpRequest, pk: int) -> HttpResponse:
+    member = get_object_or_404(ClusterMember, pk=pk)
+    member.server = None
+    member.save(update_fields=["server"])
+    messages.success(request, f"Server detached from {member.name}.")
+    return redirect("clusters:detail", member.cluster_id)
+
+
+@staff_required
+@require_POST
+def capability_create(request: HttpRequest) -> HttpResponse:
+    from apps.clusters.api.serializers import CapabilitySerializer
+
+    # Not stripped: a capability is written exactly (" rag.embedding@1" is refused, never trimmed).
+    data = {"name": request.POST.get("name", ""), "description": request.POST.get("description", "")}
+    _save(request, CapabilitySerializer(data=data), "Capability {} created.")
+    return redirect("clusters:list")
+
+
+@staff_required
+@require_POST
+def tier_create(request: HttpRequest) -> HttpResponse:
+    from apps.clusters.api.serializers import RoutingTierSerializer
+
+    data = _post(request, "capability", "tier", "cluster", "server", "weight", "project")
+    _save(request, RoutingTierSerializer(data=data), "Routing tier added: {}.")
+    return redirect("clusters:list")
+
+
+@staff_required
+@require_POST
+def tier_remove(request: HttpRequest, pk: int) -> HttpResponse:
+    tier = get_object_or_404(RoutingTier, pk=pk)
+    tier.delete()
+    messages.success(request, f"Routing tier removed: {tier}.")
+    return redirect("clusters:list")

@@ -59,6 +59,8 @@ class ClusterMemberViewSet(viewsets.ModelViewSet):
         server = ModelServer.objects.filter(pk=server_id).first() if server_id else None
         if server is None:
             raise serializers.ValidationError({"server": ["Give the id of an existing model server."]})
+        if ClusterMember.objects.filter(server=server).exclude(pk=member.pk).exists():
+            raise serializers.ValidationError({"server": [f"{server.name} is already attached to a member."]})
         member.server = server
         member.save(update_fields=["server"])
         return Response(s.ClusterMemberSerializer(member).data)

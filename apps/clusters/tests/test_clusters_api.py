@@ -101,3 +101,17 @@ def test_a_parked_member_gets_no_traffic():
     bind("x.y@1", cluster=cluster_with("parked", [(a, 1), (b, 0)]))
     backends, _, _ = Router().candidates_in(build_table(), "x.y@1", "")
     assert [backend.name for backend in backends] == ["parked/a"]
+
+
+def test_a_server_already_attached_to_another_member_is_a_validation_error_not_a_500(operator_client):
+    node = loopback_node()
+    a = running_server(node, "a", 9001)
+    cluster = cluster_with("pair", [(a, 1)])
+    spare = cluster.members.create(name="spare")
+    refused = operator_client.post(
+        f"/api/v1/cluster-members/{spare.pk}/attach", {"server": a.pk}, format="json"
+    )
+    assert refused.status_code == 400 and refused.json()["code"] == "VALIDATION_ERROR"
+    assert "already attached" in str(refused.json())
+    spare.refresh_from_db()
+    assert spare.server_id is None
