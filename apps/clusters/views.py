@@ -9,6 +9,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -207,7 +208,10 @@ def member_remove(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def member_attach(request: HttpRequest, pk: int) -> HttpResponse:
     member = get_object_or_404(ClusterMember, pk=pk)
-    server = ModelServer.objects.filter(pk=request.POST.get("server") or 0).first()
+    try:
+        server = ModelServer.objects.filter(pk=request.POST.get("server", "")).first()
+    except (DjangoValidationError, ValueError):  # not a model server's id at all
+        server = None
     if server is None:
         messages.error(request, "VALIDATION_ERROR: server: choose an existing model server.")
     elif ClusterMember.objects.filter(server=server).exclude(pk=member.pk).exists():

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -56,7 +57,10 @@ class ClusterMemberViewSet(viewsets.ModelViewSet):
     def attach(self, request: Request, pk: Any = None) -> Response:
         member = self.get_object()
         server_id = request.data.get("server") if isinstance(request.data, dict) else None
-        server = ModelServer.objects.filter(pk=server_id).first() if server_id else None
+        try:
+            server = ModelServer.objects.filter(pk=server_id).first() if server_id else None
+        except (DjangoValidationError, ValueError, TypeError):  # not a model server's id (a UUID) at all
+            server = None
         if server is None:
             raise serializers.ValidationError({"server": ["Give the id of an existing model server."]})
         if ClusterMember.objects.filter(server=server).exclude(pk=member.pk).exists():

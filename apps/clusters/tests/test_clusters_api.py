@@ -113,5 +113,10 @@ def test_a_server_already_attached_to_another_member_is_a_validation_error_not_a
     )
     assert refused.status_code == 400 and refused.json()["code"] == "VALIDATION_ERROR"
     assert "already attached" in str(refused.json())
+    for junk in ("not-a-uuid", 7):
+        refused = operator_client.post(
+            f"/api/v1/cluster-members/{spare.pk}/attach", {"server": junk}, format="json"
+        )
+        assert refused.status_code == 400 and refused.json()["code"] == "VALIDATION_ERROR"
     spare.refresh_from_db()
     assert spare.server_id is None

@@ -64,6 +64,9 @@ def test_a_server_attached_elsewhere_or_a_bad_form_is_refused_by_name(operator):
     assert "already attached" in page.content.decode()
     second.refresh_from_db()
     assert second.server_id is None
+    for junk in ("", "not-a-uuid", "7"):
+        page = operator.post(f"/clusters/members/{second.pk}/attach", {"server": junk}, follow=True)
+        assert page.status_code == 200 and "choose an existing model server" in page.content.decode()
     bad = operator.post("/clusters/create", {"name": "", "algorithm": "random"}, follow=True).content.decode()
     assert "VALIDATION_ERROR" in bad and "algorithm" in bad and Cluster.objects.count() == 1
 
