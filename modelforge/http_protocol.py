@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import select
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -91,6 +92,20 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
             cycle.send = ZeroCopySend(cycle, self.loop)  # type: ignore[method-assign]
 
 
+SENDFILE_THREADS = 8
+_pool: ThreadPoolExecutor | None = None
+
+
+def _sendfile_threads() -> ThreadPoolExecutor:
+    """Threads of their own: a transfer holds one for as long as it runs, and the loop's default
+    executor also serves ``sync_to_async`` (the store endpoint's own credential lookup among them).
+    Transfers beyond ``SENDFILE_THREADS`` at once wait for a free thread."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=SENDFILE_THREADS, thread_name_prefix="sendfile")
+    return _pool
+
+
 class ZeroCopySend:
     """``send`` for one request: ``http.response.zerocopysend`` messages (``file``: a binary file object,
     ``offset``, ``count``, ``more_body``) go out with ``os.sendfile``; every other message to uvicorn.
@@ -141,7 +156,7 @@ class ZeroCopySend:
         descriptor = os.dup(sock.fileno())
         try:
             sent = await self._loop.run_in_executor(
-                None, self._sendfile, descriptor, file.fileno(), offset, count
+                _sendfile_threads(), self._sendfile, descriptor, file.fileno(), offset, count
             )
         finally:
             os.close(descriptor)

@@ -138,3 +138,41 @@ def test_zero_copy_send_to_a_client_that_went_away_ends_quietly(tmp_path):
 
     serve_with_our_protocol(app, hang_up)
     assert outcomes == ["returned"]
+
+
+def test_a_client_that_stops_reading_a_file_does_not_hold_up_other_requests(tmp_path):
+    import socket as sockets
+    import time
+
+    from modelforge.http_protocol import ZERO_COPY
+
+    path = tmp_path / "blob"
+    path.write_bytes(b"x" * (64 << 20))  # far more than the socket buffers hold
+
+    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["path"] == "/ping":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"4")]})
+            await send({"type": "http.response.body", "body": b"pong"})
+            return
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"67108864")]}
+        )
+        with path.open("rb") as reader:
+            await send({"type": ZERO_COPY, "file": reader, "offset": 0, "count": 64 << 20})
+
+    def stall_then_ping(port: int) -> None:
+        staller = sockets.create_connection(("127.0.0.1", port), timeout=10)
+        staller.setsockopt(sockets.SOL_SOCKET, sockets.SO_RCVBUF, 65536)
+        staller.sendall(b"GET /file HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert staller.recv(1024).startswith(b"HTTP/1.1 200")  # then reads nothing more
+        time.sleep(0.3)  # the transfer is now blocked on the full socket
+        started = time.monotonic()
+        other = sockets.create_connection(("127.0.0.1", port), timeout=5)
+        other.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = other.recv(1024)
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"pong")
+        assert time.monotonic() - started < 2
+        other.close()
+        staller.close()
+
+    serve_with_our_protocol(app, stall_then_ping)
