@@ -10,6 +10,8 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import environ
+
 from apps.servers.profiles import load_profiles
 from modelforge import startup
 from modelforge.config import SettingsReader
@@ -98,6 +100,23 @@ BACKUP_RESTORE_JOBS = read.integer("MODELFORGE_BACKUP_RESTORE_JOBS", 2, minimum=
 BACKUP_MAINTENANCE_DATABASE = read.string("MODELFORGE_BACKUP_MAINTENANCE_DATABASE", "postgres") or "postgres"
 PG_BIN_DIR = read.string("MODELFORGE_PG_BIN_DIR", "") or ""
 SERVER_START_TIMEOUT = read.integer("MODELFORGE_SERVER_START_TIMEOUT", 300, minimum=5, maximum=3600)
+
+# Alert notifications: webhook and e-mail channels, delivered by the worker (apps/alerts/notify.py).
+NOTIFY_INTERVAL = read.integer("MODELFORGE_NOTIFY_INTERVAL", 15, minimum=1, maximum=3600)
+NOTIFY_TIMEOUT_S = read.integer("MODELFORGE_NOTIFY_TIMEOUT_S", 5, minimum=1, maximum=120)
+NOTIFY_MAX_ATTEMPTS = read.integer("MODELFORGE_NOTIFY_MAX_ATTEMPTS", 8, minimum=1, maximum=100)
+EMAIL_URL = read.url("MODELFORGE_EMAIL_URL", None, schemes=("smtp", "smtp+tls", "smtp+ssl"))
+DEFAULT_FROM_EMAIL = read.string("MODELFORGE_EMAIL_FROM", "modelforge@localhost") or "modelforge@localhost"
+if EMAIL_URL:  # django-environ reads smtp://, smtp+tls:// (STARTTLS) and smtp+ssl:// URLs
+    _email = environ.Env.email_url_config(EMAIL_URL)
+    EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    EMAIL_HOST = _email["EMAIL_HOST"] or ""
+    EMAIL_PORT = _email["EMAIL_PORT"] or (465 if EMAIL_URL.startswith("smtp+ssl") else 25)
+    EMAIL_HOST_USER = _email["EMAIL_HOST_USER"] or ""
+    EMAIL_HOST_PASSWORD = _email["EMAIL_HOST_PASSWORD"] or ""
+    EMAIL_USE_TLS = bool(_email.get("EMAIL_USE_TLS"))
+    EMAIL_USE_SSL = bool(_email.get("EMAIL_USE_SSL"))
+EMAIL_TIMEOUT = NOTIFY_TIMEOUT_S
 
 MODELFORGE_CONFIG_PROBLEMS = startup.collect_problems(
     read,
@@ -284,6 +303,7 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile-servers": {"task": "servers.reconcile", "schedule": 30.0},
     "clear-settled-churn": {"task": "clusters.clear_settled_churn", "schedule": 60.0},
     "backup-housekeeping": {"task": "backups.housekeeping", "schedule": 60.0},
+    "notify-alerts": {"task": "alerts.notify", "schedule": float(NOTIFY_INTERVAL)},
 }
 # The backup schedule itself is a crontab row created by apps/backups/migrations (daily, 02:00 UTC) and
 # edited in the admin: entries here are rewritten by beat at every start, admin edits would not last.

@@ -6,7 +6,7 @@ from datetime import datetime
 from django.db import connection, models
 from django.utils import timezone
 
-from apps.alerts.choices import Severity
+from apps.alerts.choices import ChannelKind, NotificationEvent, NotificationState, Severity
 
 
 def dedup_key_for(code: str, subject_type: str, subject_id: str) -> str:
@@ -131,3 +131,62 @@ class Alert(models.Model):
     @property
     def is_open(self) -> bool:
         return self.cleared_at is None
+
+
+class NotificationChannel(models.Model):
+    """Where alert events are sent: a webhook (JSON POST, optionally signed) or e-mail addresses.
+
+    A channel receives the events of alerts at or above ``min_severity`` raised or cleared after it was
+    created (a new channel does not replay history)."""
+
+    name = models.CharField(max_length=63, unique=True)
+    kind = models.CharField(max_length=16, choices=ChannelKind.choices)
+    target = models.CharField(
+        max_length=1000, help_text="The webhook's http(s) URL, or e-mail addresses separated by commas."
+    )
+    secret = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="Webhooks: signs each body (X-ModelForge-Signature: sha256=HMAC of the body).",
+    )
+    min_severity = models.CharField(max_length=16, choices=Severity.choices, default=Severity.WARNING)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by = models.CharField(max_length=150, blank=True)
+    last_success_at = models.DateTimeField(null=True, blank=True)
+    last_failure_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+
+class Notification(models.Model):
+    """One event (raised or cleared) of one alert for one channel: the outbox the worker delivers."""
+
+    channel = models.ForeignKey(NotificationChannel, on_delete=models.CASCADE, related_name="notifications")
+    alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="notifications")
+    event = models.CharField(max_length=16, choices=NotificationEvent.choices)
+    state = models.CharField(
+        max_length=16, choices=NotificationState.choices, default=NotificationState.PENDING
+    )
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["channel", "alert", "event"], name="alerts_one_notification_per_event"
+            )
+        ]
+        indexes = [models.Index(fields=["state", "next_attempt_at"], name="alerts_notify_due_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.alert.code} {self.event} via {self.channel.name} ({self.state})"

@@ -1,0 +1,236 @@
+"""Alert notifications: an outbox of events per channel, delivered by the worker in batches.
+
+Alerts are raised and cleared in bulk statements (a mass outage opens thousands in one), so nothing is
+sent from there. Every ``MODELFORGE_NOTIFY_INTERVAL`` seconds the ``alerts.notify`` task records, per
+enabled channel, the events not yet recorded (``enqueue``, one statement per channel) and delivers what
+is due (``deliver``): up to ``BATCH`` events in one webhook POST or one e-mail, so an outage is a few
+messages, not thousands. A failed delivery is retried with a growing delay; after
+``MODELFORGE_NOTIFY_MAX_ATTEMPTS`` the events are ``failed`` and the channel carries a
+``NOTIFICATION_FAILED`` alert, cleared by its next successful delivery.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import smtplib
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.core.mail import EmailMessage
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from apps.alerts.choices import (
+    SEVERITY_RANK,
+    ChannelKind,
+    NotificationState,
+    Severity,
+)
+from apps.alerts.models import Alert, Notification, NotificationChannel
+
+logger = logging.getLogger("apps.alerts.notify")
+
+NOTIFICATION_FAILED = "NOTIFICATION_FAILED"
+BATCH = 100
+BATCHES_PER_SWEEP = 10
+LOOKBACK = timedelta(days=1)  # events older than this when first seen are history, not news
+MAX_DELAY_S = 3600
+
+
+class DeliveryFailed(Exception):
+    """The channel did not take the message: what was tried and what came back."""
+
+
+def sweep(now: datetime | None = None) -> dict[str, int]:
+    """Record new events, then deliver what is due. Returns counts for the task's result."""
+    now = now or timezone.now()
+    recorded = enqueue(now)
+    sent, failed = deliver(now)
+    return {"recorded": recorded, "sent": sent, "failed": failed}
+
+
+def enqueue(now: datetime) -> int:
+    """One row per (channel, alert, event) not yet recorded, for alerts at or above the channel's
+    severity raised since the channel was created (and within ``LOOKBACK``); cleared events only for
+    alerts whose raising the channel would have seen."""
+    notifications, alerts = Notification._meta.db_table, Alert._meta.db_table
+    recorded = 0
+    for channel in NotificationChannel.objects.filter(enabled=True):
+        floor = SEVERITY_RANK[Severity(channel.min_severity)]
+        severities = [str(s) for s, rank in SEVERITY_RANK.items() if rank >= floor]
+        since = max(channel.created_at, now - LOOKBACK)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""
+                INSERT INTO {notifications}
+                    (channel_id, alert_id, event, state, attempts, next_attempt_at, last_error, created_at)
+                SELECT %(channel)s, a.id, e.event, 'pending', 0, %(now)s, '', %(now)s
+                FROM {alerts} a
+                CROSS JOIN (VALUES ('raised'), ('cleared')) AS e(event)
+                WHERE a.severity = ANY(%(severities)s) AND a.raised_at >= %(since)s
+                  AND (e.event = 'raised' OR a.cleared_at IS NOT NULL)
+                ON CONFLICT (channel_id, alert_id, event) DO NOTHING
+                """,  # noqa: S608 -- the table names are ours; every value is a parameter
+                {"channel": channel.pk, "now": now, "severities": severities, "since": since},
+            )
+            recorded += cursor.rowcount
+    return recorded
+
+
+def deliver(now: datetime) -> tuple[int, int]:
+    """Send what is due on every enabled channel; returns (events sent, events given up on)."""
+    sent = failed = 0
+    for channel in NotificationChannel.objects.filter(enabled=True):
+        for _ in range(BATCHES_PER_SWEEP):
+            outcome, count = _deliver_batch(channel, now)
+            if outcome == "sent":
+                sent += count
+            elif outcome == "failed":
+                failed += count
+            if outcome != "sent" or count < BATCH:
+                break
+    return sent, failed
+
+
+def _deliver_batch(channel: NotificationChannel, now: datetime) -> tuple[str, int]:
+    with transaction.atomic():
+        batch = list(
+            Notification.objects.select_for_update(skip_locked=True, of=("self",))
+            .select_related("alert")
+            .filter(channel=channel, state=NotificationState.PENDING, next_attempt_at__lte=now)
+            .order_by("created_at", "id")[:BATCH]
+        )
+        if not batch:
+            return "none", 0
+        ids = [n.pk for n in batch]
+        try:
+            send(channel, [event_payload(n.alert, n.event) for n in batch])
+        except DeliveryFailed as exc:
+            return _failed(channel, batch, str(exc), now), len(batch)
+        Notification.objects.filter(pk__in=ids).update(
+            state=NotificationState.SENT, sent_at=now, last_error="", attempts=F("attempts") + 1
+        )
+        NotificationChannel.objects.filter(pk=channel.pk).update(last_success_at=now, last_error="")
+        Alert.objects.clear_for([NOTIFICATION_FAILED], "notification_channel", str(channel.pk), now)
+        return "sent", len(batch)
+
+
+def _failed(channel: NotificationChannel, batch: list[Notification], error: str, now: datetime) -> str:
+    attempts = max(n.attempts for n in batch) + 1
+    gave_up = attempts >= settings.NOTIFY_MAX_ATTEMPTS
+    delay = min(settings.NOTIFY_INTERVAL * 2 ** (attempts - 1), MAX_DELAY_S)
+    Notification.objects.filter(pk__in=[n.pk for n in batch]).update(
+        attempts=attempts,
+        last_error=error[:2000],
+        next_attempt_at=now + timedelta(seconds=delay),
+        state=NotificationState.FAILED if gave_up else NotificationState.PENDING,
+    )
+    NotificationChannel.objects.filter(pk=channel.pk).update(last_failure_at=now, last_error=error[:2000])
+    logger.warning("notification channel %s failed (attempt %s): %s", channel.name, attempts, error)
+    Alert.objects.raise_alert(
+        NOTIFICATION_FAILED,
+        Severity.WARNING,
+        "notification_channel",
+        str(channel.pk),
+        channel.name,
+        f"Channel {channel.name} could not deliver {len(batch)} alert event(s): {error[:300]}"
+        + (" Gave up on them." if gave_up else f" Next try in {delay} s."),
+        now,
+    )
+    return "failed" if gave_up else "retrying"
+
+
+def event_payload(alert: Alert, event: str) -> dict[str, Any]:
+    return {
+        "event": event,
+        "alert_id": alert.pk,
+        "code": alert.code,
+        "severity": alert.severity,
+        "subject_type": alert.subject_type,
+        "subject_id": alert.subject_id,
+        "subject_name": alert.subject_name,
+        "message": alert.message,
+        "raised_at": alert.raised_at.isoformat(),
+        "cleared_at": alert.cleared_at.isoformat() if alert.cleared_at else None,
+        "occurrences": alert.occurrences,
+    }
+
+
+def send_test(channel: NotificationChannel) -> None:
+    """One test message through the channel, now; records the outcome on the channel and raises
+    ``DeliveryFailed`` with what came back."""
+    now = timezone.now()
+    event = {
+        "event": "test",
+        "alert_id": None,
+        "code": "NOTIFICATION_TEST",
+        "severity": Severity.INFO.value,
+        "subject_type": "notification_channel",
+        "subject_id": str(channel.pk),
+        "subject_name": channel.name,
+        "message": f"A test message through channel {channel.name}.",
+        "raised_at": now.isoformat(),
+        "cleared_at": None,
+        "occurrences": 1,
+    }
+    try:
+        send(channel, [event])
+    except DeliveryFailed as exc:
+        NotificationChannel.objects.filter(pk=channel.pk).update(last_failure_at=now, last_error=str(exc))
+        raise
+    NotificationChannel.objects.filter(pk=channel.pk).update(last_success_at=now, last_error="")
+
+
+def send(channel: NotificationChannel, events: list[dict[str, Any]]) -> None:
+    if channel.kind == ChannelKind.WEBHOOK:
+        _post(channel, events)
+    elif channel.kind == ChannelKind.EMAIL:
+        _mail(channel, events)
+    else:
+        raise DeliveryFailed(f"unknown channel kind {channel.kind!r}")
+
+
+def _post(channel: NotificationChannel, events: list[dict[str, Any]]) -> None:
+    body = json.dumps(
+        {"source": "modelforge", "channel": channel.name, "events": events}, separators=(",", ":")
+    ).encode()
+    headers = {"Content-Type": "application/json", "User-Agent": "ModelForge-notify"}
+    if channel.secret:
+        signature = hmac.new(channel.secret.encode(), body, hashlib.sha256).hexdigest()
+        headers["X-ModelForge-Signature"] = f"sha256={signature}"
+    try:
+        response = httpx.post(
+            channel.target, content=body, headers=headers, timeout=settings.NOTIFY_TIMEOUT_S
+        )
+    except httpx.HTTPError as exc:
+        raise DeliveryFailed(f"POST {channel.target} failed: {type(exc).__name__}: {exc}") from None
+    if not 200 <= response.status_code < 300:
+        raise DeliveryFailed(f"POST {channel.target} answered {response.status_code}: {response.text[:200]}")
+
+
+def _mail(channel: NotificationChannel, events: list[dict[str, Any]]) -> None:
+    if not settings.EMAIL_URL:
+        raise DeliveryFailed("MODELFORGE_EMAIL_URL is not set, so e-mail channels cannot send")
+    first = events[0]
+    subject = f"[ModelForge] {first['code']} {first['event']}: {first['subject_name']}"
+    if len(events) > 1:
+        subject += f" (and {len(events) - 1} more)"
+    lines = [
+        f"{e['event'].upper():8} {e['severity']:8} {e['code']} on {e['subject_type']} {e['subject_name']}\n"
+        f"         {e['message']}\n"
+        f"         raised {e['raised_at']}" + (f", cleared {e['cleared_at']}" if e["cleared_at"] else "")
+        for e in events
+    ]
+    addresses = [a.strip() for a in channel.target.split(",") if a.strip()]
+    try:
+        EmailMessage(subject, "\n\n".join(lines) + "\n", settings.DEFAULT_FROM_EMAIL, addresses).send()
+    except (smtplib.SMTPException, OSError) as exc:
+        raise DeliveryFailed(
+            f"sending e-mail through {settings.EMAIL_HOST}: {type(exc).__name__}: {exc}"
+        ) from None
