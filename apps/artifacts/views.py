@@ -1,5 +1,6 @@
 """Dashboard pages for artifacts: list with progress, detail with checks, history, replicas, and the
-operator's actions (replicate to a node, release from quarantine with a reason, rehydrate)."""
+operator's actions (replicate to a node or re-try a replica, release from quarantine with a reason, amend
+a quarantined record, retry a failed acquisition, rehydrate)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,16 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.paginator import Paginator
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from apps.artifacts import acquisition, replication
-from apps.artifacts.models import Artifact
-from apps.artifacts.tasks import rehydrate
+from apps.artifacts import acquisition, codes, replication
+from apps.artifacts.models import Artifact, ArtifactState
+from apps.artifacts.tasks import acquire, rehydrate
 from apps.nodes.models import Node
 from modelforge.errors import ApiError
 
@@ -54,9 +56,30 @@ def artifact_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     by = request.user.get_username()
     try:
         if action == "replicate":
-            node = get_object_or_404(Node, pk=request.POST.get("node"))
+            try:
+                node = Node.objects.filter(pk=request.POST.get("node", "")).first()
+            except (DjangoValidationError, ValueError):  # not a node's id (a UUID) at all
+                node = None
+            if node is None:
+                raise ApiError("VALIDATION_ERROR", "node: choose an enrolled node.", 400)
             replication.request_replica(artifact, node, by=by)
             messages.info(request, f"Replicating {artifact.name} to {node.name}.")
+        elif action == "retry":
+            if artifact.state != ArtifactState.FAILED:
+                raise ApiError(
+                    "VALIDATION_ERROR", f"Only a failed acquisition is retried; it is {artifact.state}.", 400
+                )
+            if artifact.failure_code == codes.ARTIFACT_REHYDRATION_BLOCKED:
+                raise ApiError(
+                    codes.ARTIFACT_REHYDRATION_BLOCKED,
+                    "Acquiring again would record what the upstream holds now under the old identity; "
+                    "register a new artifact instead.",
+                    409,
+                )
+            transaction.on_commit(lambda: acquire.delay(artifact.pk))
+            messages.info(request, f"Acquiring {artifact.name} again from {artifact.locator}.")
+        elif action == "amend":
+            _amend(request, artifact, by)
         elif action == "release":
             released = acquisition.release(artifact, by=by, reason=request.POST.get("reason", ""))
             if released.state == "requested":
@@ -69,3 +92,26 @@ def artifact_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     except ApiError as exc:
         messages.error(request, f"{exc.code}: {exc.message}")
     return redirect("artifacts:detail", pk=artifact.pk)
+
+
+def _amend(request: HttpRequest, artifact: Artifact, by: str) -> None:
+    """The licence and/or expected digests ("path sha256" per line) of a quarantined artifact."""
+    from apps.artifacts.api.serializers import AmendSerializer
+
+    data: dict[str, Any] = {"reason": request.POST.get("reason", "")}
+    if request.POST.get("licence", "").strip():
+        data["licence"] = request.POST["licence"].strip()
+    lines = [line.split() for line in request.POST.get("expected_sha256", "").splitlines() if line.strip()]
+    if any(len(parts) != 2 for parts in lines):
+        raise ApiError("VALIDATION_ERROR", "expected SHA-256: one 'path sha256' pair per line.", 400)
+    if lines:
+        data["expected_sha256"] = {path: digest for path, digest in lines}
+    serializer = AmendSerializer(data=data)
+    if not serializer.is_valid():
+        problems = "; ".join(f"{f}: {' '.join(map(str, e))}" for f, e in serializer.errors.items())
+        raise ApiError("VALIDATION_ERROR", problems, 400)
+    changes = {k: v for k, v in serializer.validated_data.items() if k != "reason"}
+    acquisition.amend(artifact, by=by, reason=serializer.validated_data["reason"], changes=changes)
+    messages.success(
+        request, f"{artifact.name} amended; it stays quarantined until a release passes every check."
+    )

@@ -449,3 +449,69 @@ def test_an_unpinned_hub_revision_is_refused_before_any_download(settings):
     item.refresh_from_db()
     assert (item.state, item.quarantine_rule) == ("quarantined", "REVISION_PINNED")
     assert item.failure_code == "" and item.files == []
+
+
+def test_the_dashboard_amends_a_quarantined_record_and_retries_a_failed_acquisition(
+    client, tmp_path, settings, django_capture_on_commit_callbacks
+):
+    from django.contrib.auth.models import User
+
+    settings.ARTIFACT_REQUIRE_LICENCE = True
+    source = tmp_path / "m"
+    source.mkdir()
+    (source / "model.safetensors").write_bytes(b"weights")
+    item = artifact(source_kind="local", locator=str(source))
+    acquisition.acquire(item)
+    item.refresh_from_db()
+    assert item.quarantine_rule == "LICENCE_REQUIRED"
+    client.force_login(User.objects.create_user("ops", is_staff=True))
+    url = f"/artifacts/{item.pk}"
+    assert 'id="amend"' in client.get(url + "/").content.decode()
+
+    bad = client.post(url + "/amend", {"reason": "x", "expected_sha256": "model.safetensors"}, follow=True)
+    assert "VALIDATION_ERROR" in bad.content.decode()
+    not_hex = client.post(
+        url + "/amend", {"reason": "x", "expected_sha256": "model.safetensors zz"}, follow=True
+    ).content.decode()
+    assert "VALIDATION_ERROR" in not_hex
+    page = client.post(
+        url + "/amend",
+        {
+            "reason": "model card says apache-2.0",
+            "licence": "apache-2.0",
+            "expected_sha256": f"model.safetensors {sha(b'weights')}\n",
+        },
+        follow=True,
+    ).content.decode()
+    assert "stays quarantined" in page
+    item.refresh_from_db()
+    assert item.state == "quarantined" and item.licence == "apache-2.0"
+    assert item.expected_sha256 == {"model.safetensors": sha(b"weights")}
+    assert item.events.filter(by="ops", detail__contains="model card says apache-2.0").exists()
+    client.post(url + "/release", {"reason": "licence recorded"})
+    item.refresh_from_db()
+    assert item.state == "ready"
+
+    failed = artifact(name="gone", source_kind="local", locator=str(tmp_path / "nowhere"))
+    acquisition.acquire(failed)
+    failed.refresh_from_db()
+    assert failed.failure_code == "SOURCE_UNREACHABLE"
+    assert "Retry the acquisition" in client.get(f"/artifacts/{failed.pk}/").content.decode()
+    with django_capture_on_commit_callbacks() as queued:
+        client.post(f"/artifacts/{failed.pk}/retry")
+    assert len(queued) == 1
+    refused = client.post(f"/artifacts/{item.pk}/retry", follow=True).content.decode()
+    assert "Only a failed acquisition is retried" in refused
+
+
+def test_the_dashboard_refuses_a_replica_for_a_node_that_is_not_one(client, tmp_path):
+    from django.contrib.auth.models import User
+
+    source = tmp_path / "f.gguf"
+    source.write_bytes(b"GGUF" + b"\x00" * 10)
+    item = artifact(source_kind="local", locator=str(source))
+    acquisition.acquire(item)
+    client.force_login(User.objects.create_user("ops", is_staff=True))
+    for junk in ("", "not-a-uuid", "7"):
+        page = client.post(f"/artifacts/{item.pk}/replicate", {"node": junk}, follow=True)
+        assert page.status_code == 200 and "choose an enrolled node" in page.content.decode()
