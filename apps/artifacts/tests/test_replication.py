@@ -126,3 +126,24 @@ def test_the_store_is_served_to_nodes_only(live_web, ready):
     url = f"{live_web.url}/api/v1/agent/artifacts/{artifact.pk}/files/w.safetensors"
     assert httpx.get(url).status_code == 401
     assert httpx.get(url, headers={"Authorization": f"Bearer {settings.OPERATOR_API_KEY}"}).status_code == 401
+
+
+def test_the_store_serves_a_node_whole_files_and_ranges_through_the_web_worker(live_web, ready):
+    """The web worker sends the file with sendfile (ASGI zero-copy); Range resumes from an offset."""
+    import httpx
+
+    from apps.nodes.tests.factories import make_node
+
+    data = os.urandom(3 * (1 << 20) + 17)
+    artifact = ready("ranged", {"w.safetensors": data})
+    _, credential = make_node(name="range-node")
+    url = f"{live_web.url}/api/v1/agent/artifacts/{artifact.pk}/files/w.safetensors"
+    auth = {"Authorization": f"Bearer {credential}"}
+    whole = httpx.get(url, headers=auth)
+    assert whole.status_code == 200 and whole.content == data
+    assert whole.headers["content-length"] == str(len(data))
+    tail = httpx.get(url, headers={**auth, "Range": "bytes=1048577-"})
+    assert tail.status_code == 206 and tail.content == data[1048577:]
+    assert tail.headers["content-range"] == f"bytes 1048577-{len(data) - 1}/{len(data)}"
+    beyond = httpx.get(url, headers={**auth, "Range": f"bytes={len(data)}-"})
+    assert beyond.status_code == 416 and beyond.headers["content-range"] == f"bytes */{len(data)}"
