@@ -58,8 +58,9 @@ def cluster_report(cluster: Cluster) -> dict[str, Any]:
         elif member.weight == 0:
             reason = "parked at weight 0"
         elif bench is not None:
+            since, until = (time.strftime("%H:%M:%S", time.gmtime(t)) for t in (bench.since, bench.until))
             reason = (
-                f"benched until {time.strftime('%H:%M:%S', time.gmtime(bench.until))} UTC: {bench.reason}"
+                f"benched since {since} until {until} UTC (bench {bench.count} in the window): {bench.reason}"
             )
         elif failed:
             reason = f"erroring: {failed} failed request(s) in the window"
