@@ -134,6 +134,8 @@ def run() -> int:
     code = 0
     try:
         _manage(env, "migrate", "--noinput")
+        if env.get("MODELFORGE_OBSERVABILITY_DATABASE_URL"):  # monitoring history in a database of its own
+            _manage(env, "migrate", "--database", "observability", "--noinput")
         _manage(env, "ensure_operator", "--credentials-file", str(home / "secrets" / "operator-login"))
         host = env.get("MODELFORGE_HOST", "127.0.0.1")
         port = env.get("MODELFORGE_PORT", "8000")

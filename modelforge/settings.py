@@ -152,6 +152,7 @@ INSTALLED_APPS = [
     "apps.clusters",
     "apps.artifacts",
     "apps.backups",
+    "apps.observability",
 ]
 
 MIDDLEWARE = [
@@ -210,6 +211,20 @@ DATABASES["default"].setdefault("OPTIONS", {})
 DATABASES["default"]["OPTIONS"]["pool"] = {"min_size": 1, "max_size": DATABASE_POOL_SIZE, "timeout": 5}
 DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 5)
 DATABASES["default"]["OPTIONS"].setdefault("application_name", "modelforge")
+
+# Monitoring history (telemetry samples) lives behind its own alias so that it can fail alone
+# (OBSERVABILITY_DEGRADED). Unset, it is a second connection to the default database.
+_observability = read.database("MODELFORGE_OBSERVABILITY_DATABASE_URL", None)
+OBSERVABILITY_SHARES_DEFAULT = _observability is None
+DATABASES["observability"] = {
+    **(_observability or {k: v for k, v in DATABASES["default"].items() if k != "OPTIONS"}),
+    "CONN_MAX_AGE": 0,
+    # No pool, and a short connect timeout: a monitoring store that is gone must not hold a page for long.
+    "OPTIONS": {"connect_timeout": 2, "application_name": "modelforge-observability"},
+}
+DATABASE_ROUTERS = ["modelforge.dbrouter.ObservabilityRouter"]
+TELEMETRY_SAMPLE_INTERVAL = read.integer("MODELFORGE_TELEMETRY_SAMPLE_INTERVAL", 60, minimum=5, maximum=3600)
+TELEMETRY_RETENTION_DAYS = read.integer("MODELFORGE_TELEMETRY_RETENTION_DAYS", 7, minimum=1, maximum=3650)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -304,6 +319,7 @@ CELERY_BEAT_SCHEDULE = {
     "clear-settled-churn": {"task": "clusters.clear_settled_churn", "schedule": 60.0},
     "backup-housekeeping": {"task": "backups.housekeeping", "schedule": 60.0},
     "notify-alerts": {"task": "alerts.notify", "schedule": float(NOTIFY_INTERVAL)},
+    "sample-telemetry": {"task": "observability.sample", "schedule": float(TELEMETRY_SAMPLE_INTERVAL)},
 }
 # The backup schedule itself is a crontab row created by apps/backups/migrations (daily, 02:00 UTC) and
 # edited in the admin: entries here are rewritten by beat at every start, admin edits would not last.

@@ -12,6 +12,7 @@ api_patterns: list[URLPattern | URLResolver] = [
     path("", include("apps.clusters.api.urls")),
     path("", include("apps.artifacts.api.urls")),
     path("", include("apps.backups.api.urls")),
+    path("", include("apps.observability.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
 ]
 
@@ -27,6 +28,7 @@ urlpatterns = [
     path("clusters/", include("apps.clusters.urls")),
     path("artifacts/", include("apps.artifacts.urls")),
     path("backups/", include("apps.backups.urls")),
+    path("observability/", include("apps.observability.urls")),
     path("", include("apps.core.urls")),
 ]
 

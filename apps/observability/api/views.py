@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.nodes.models import Node
+from apps.observability import sampling
+from apps.observability.models import TelemetrySample
+from modelforge.errors import ApiError
+
+
+class TelemetrySampleSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = TelemetrySample
+        fields = [
+            "gpu_index",
+            "at",
+            "reported_at",
+            "memory_total_bytes",
+            "memory_used_bytes",
+            "memory_managed_bytes",
+            "utilization_percent",
+            "temperature_c",
+        ]
+
+
+class MinutesSerializer(serializers.Serializer):
+    minutes = serializers.IntegerField(min_value=1, max_value=7 * 24 * 60, default=60)
+
+
+class NodeTelemetryView(APIView):
+    """A node's GPU telemetry history (``minutes``, default 60). ``503 OBSERVABILITY_DEGRADED`` when the
+    monitoring store is unavailable; nothing else depends on it."""
+
+    @extend_schema(
+        parameters=[OpenApiParameter("minutes", int, description="How far back, 1 to 10080 (default 60).")],
+        responses=TelemetrySampleSerializer(many=True),
+    )
+    def get(self, request: Request, pk: Any) -> Response:
+        node = get_object_or_404(Node, pk=pk)
+        query = MinutesSerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        since = timezone.now() - timedelta(minutes=query.validated_data["minutes"])
+        try:
+            samples = sampling.history(node.pk, since)
+        except sampling.ObservabilityUnavailable as exc:
+            raise ApiError(
+                sampling.OBSERVABILITY_DEGRADED,
+                f"Monitoring persistence is unavailable ({exc}); telemetry history cannot be read. "
+                "The node's current reading is in GET /api/v1/nodes/{id}.",
+                503,
+            ) from None
+        return Response(
+            {
+                "node": str(node.pk),
+                "node_name": node.name,
+                "since": since,
+                "samples": TelemetrySampleSerializer(samples, many=True).data,
+            }
+        )

@@ -1,0 +1,34 @@
+"""Monitoring history, kept behind the ``observability`` database alias so that it can fail alone
+(``OBSERVABILITY_DEGRADED``). Nothing that serves, schedules or recovers reads these tables: they hold
+copies of readings whose authoritative, current values live with their domain (``nodes.GPU``)."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class TelemetrySample(models.Model):
+    """One GPU's reading at one moment, copied from the node's last report by the sampling task.
+
+    No foreign key: the node lives in the authoritative database, which may be another server."""
+
+    node_id = models.UUIDField(db_index=False)
+    node_name = models.CharField(max_length=63)
+    gpu_index = models.PositiveSmallIntegerField()
+    at = models.DateTimeField()
+    reported_at = models.DateTimeField()
+    memory_total_bytes = models.BigIntegerField()
+    memory_used_bytes = models.BigIntegerField()
+    memory_managed_bytes = models.BigIntegerField()
+    utilization_percent = models.PositiveSmallIntegerField()
+    temperature_c = models.SmallIntegerField()
+
+    class Meta:
+        ordering = ["node_id", "gpu_index", "at"]
+        indexes = [
+            models.Index(fields=["node_id", "at"], name="observ_telemetry_node_at"),
+            models.Index(fields=["at"], name="observ_telemetry_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node_name} GPU {self.gpu_index} at {self.at:%Y-%m-%d %H:%M:%S}"

@@ -1,0 +1,6 @@
+from django.urls import path
+
+from apps.observability import views
+
+app_name = "observability"
+urlpatterns = [path("nodes/<uuid:pk>/", views.node_telemetry, name="node-telemetry")]
