@@ -299,3 +299,24 @@ def clear_settled_churn() -> int:
         if int(recent) < settings.LB_CHURN_THRESHOLD:
             settled.append(alert.dedup_key)
     return Alert.objects.clear(settled)
+
+
+def read_traffic_minutes(minutes: int) -> dict[int, tuple[Counter[str], Counter[str]]] | None:
+    """The last ``minutes`` complete one-minute buckets (not the current one): bucket number →
+    (requests, errors) per backend. ``None`` when Redis cannot be read."""
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
+    current = int(time.time() // TRAFFIC_BUCKET_S)
+    found: dict[int, tuple[Counter[str], Counter[str]]] = {}
+    try:
+        for bucket in range(current - minutes, current):
+            traffic: Counter[str] = Counter()
+            errors: Counter[str] = Counter()
+            for k, v in client.hgetall(TRAFFIC_KEY.format(bucket=bucket)).items():
+                traffic[k.decode() if isinstance(k, bytes) else k] += int(v)
+            for k, v in client.hgetall(ERRORS_KEY.format(bucket=bucket)).items():
+                errors[k.decode() if isinstance(k, bytes) else k] += int(v)
+            if traffic or errors:
+                found[bucket] = (traffic, errors)
+    except (redis.RedisError, OSError):
+        return None
+    return found

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from apps.observability.models import TelemetrySample
+from apps.observability.models import TelemetrySample, TrafficSample
 
 
 @admin.register(TelemetrySample)
@@ -15,6 +15,15 @@ class TelemetrySampleAdmin(admin.ModelAdmin):
     )
     list_filter = ("node_name",)
     readonly_fields = [f.name for f in TelemetrySample._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(TrafficSample)
+class TrafficSampleAdmin(admin.ModelAdmin):
+    list_display = ("backend", "minute", "requests", "errors")
+    readonly_fields = [f.name for f in TrafficSample._meta.fields]
 
     def has_add_permission(self, request):
         return False

@@ -32,3 +32,23 @@ class TelemetrySample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_name} GPU {self.gpu_index} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class TrafficSample(models.Model):
+    """Requests and errors one backend (a model server) served through the gateway in one minute,
+    rolled up from the routers' shared counters (Redis keeps them an hour, for the drift window)."""
+
+    backend = models.CharField(max_length=64, help_text="The model server's id.")
+    minute = models.DateTimeField()
+    requests = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["-minute", "backend"]
+        constraints = [
+            models.UniqueConstraint(fields=["backend", "minute"], name="observ_traffic_one_per_minute")
+        ]
+        indexes = [models.Index(fields=["minute"], name="observ_traffic_minute")]
+
+    def __str__(self) -> str:
+        return f"{self.backend} at {self.minute:%Y-%m-%d %H:%M}: {self.requests} requests"

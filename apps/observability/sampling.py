@@ -1,17 +1,18 @@
-"""Telemetry history: a copy of every GPU's last reading, taken every ``MODELFORGE_TELEMETRY_SAMPLE_INTERVAL``
-seconds by the worker and kept ``MODELFORGE_TELEMETRY_RETENTION_DAYS`` days.
+"""Monitoring history, taken every ``MODELFORGE_TELEMETRY_SAMPLE_INTERVAL`` seconds by the worker and kept
+``MODELFORGE_TELEMETRY_RETENTION_DAYS`` days: a copy of every GPU's last reading, and the gateway's
+per-minute requests and errors per backend.
 
-The heartbeat path is untouched: it writes only the authoritative current reading (``nodes.GPU``). The
-sampler reads those and writes the copies to the ``observability`` alias; if that store fails, the
-failure is ``OBSERVABILITY_DEGRADED`` (an alert in the authoritative database, cleared by the next
-successful sample) and nothing else notices.
+The heartbeat and serving paths are untouched: they write only the authoritative current reading
+(``nodes.GPU``) and the routers' counters in Redis. The sampler copies those to the ``observability``
+alias; if that store fails, the failure is ``OBSERVABILITY_DEGRADED`` (an alert in the authoritative
+database, cleared by the next successful sample) and nothing else notices.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -21,7 +22,7 @@ from django.utils import timezone
 from apps.alerts.choices import Severity
 from apps.alerts.models import Alert
 from apps.nodes.models import GPU
-from apps.observability.models import TelemetrySample
+from apps.observability.models import TelemetrySample, TrafficSample
 from modelforge.dbrouter import OBSERVABILITY
 
 logger = logging.getLogger("apps.observability")
@@ -58,16 +59,60 @@ def sample(now: datetime | None = None) -> dict[str, int]:
         )
         for gpu in readings
     ]
+    cutoff = now - timedelta(days=settings.TELEMETRY_RETENTION_DAYS)
     try:
         TelemetrySample.objects.bulk_create(rows, batch_size=5000)
-        expired, _ = TelemetrySample.objects.filter(
-            at__lt=now - timedelta(days=settings.TELEMETRY_RETENTION_DAYS)
-        ).delete()
+        traffic_rows = roll_up_traffic()
+        expired, _ = TelemetrySample.objects.filter(at__lt=cutoff).delete()
+        expired_traffic, _ = TrafficSample.objects.filter(minute__lt=cutoff).delete()
     except DatabaseError as exc:
         _degraded(exc, now)
-        return {"sampled": 0, "expired": 0, "degraded": 1}
+        return {"sampled": 0, "traffic": 0, "expired": 0, "degraded": 1}
     Alert.objects.clear_for([OBSERVABILITY_DEGRADED], _SUBJECT[0], _SUBJECT[1], now)
-    return {"sampled": len(rows), "expired": expired, "degraded": 0}
+    return {
+        "sampled": len(rows),
+        "traffic": traffic_rows or 0,
+        "expired": expired + expired_traffic,
+        "degraded": 0,
+    }
+
+
+ROLL_UP_MINUTES = 10  # each run re-reads the last ten complete minutes; rows already kept are left
+
+
+def roll_up_traffic() -> int | None:
+    """Copy the gateway's per-minute counters (requests, errors per backend) for the last complete
+    minutes; returns the rows written, or ``None`` when Redis could not be read (nothing to copy: the
+    gateway says so itself). Raises ``DatabaseError`` when the monitoring store fails."""
+    from apps.clusters.lbstate import TRAFFIC_BUCKET_S, read_traffic_minutes
+
+    buckets = read_traffic_minutes(ROLL_UP_MINUTES)
+    if buckets is None:
+        return None
+    rows = [
+        TrafficSample(
+            backend=backend,
+            minute=datetime.fromtimestamp(bucket * TRAFFIC_BUCKET_S, tz=UTC),
+            requests=traffic.get(backend, 0),
+            errors=errors.get(backend, 0),
+        )
+        for bucket, (traffic, errors) in buckets.items()
+        for backend in set(traffic) | set(errors)
+    ]
+    # Several runs see the same minute: the first one's row stays (the minute was complete then).
+    return len(TrafficSample.objects.bulk_create(rows, ignore_conflicts=True))
+
+
+def traffic(since: datetime, backend: str | None = None) -> list[TrafficSample]:
+    """Per-minute traffic since ``since``; ``ObservabilityUnavailable`` when the store fails."""
+    try:
+        rows = TrafficSample.objects.filter(minute__gte=since)
+        if backend:
+            rows = rows.filter(backend=backend)
+        return list(rows.order_by("-minute", "backend")[:5000])
+    except DatabaseError as exc:
+        _close()
+        raise ObservabilityUnavailable(_describe(exc)) from None
 
 
 def history(node_id: Any, since: datetime) -> list[TelemetrySample]:

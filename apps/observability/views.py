@@ -38,3 +38,34 @@ def node_telemetry(request: HttpRequest, pk: str) -> HttpResponse:
     ]
     context = {"node": node, "gpus": gpus, "error": error, "minutes": minutes, "active_nav": "nodes"}
     return render(request, "observability/node_telemetry.html", context)
+
+
+@staff_member_required(login_url="dashboard:login")
+def traffic(request: HttpRequest) -> HttpResponse:
+    from apps.servers.models import ModelServer
+
+    minutes = 60
+    error = ""
+    rows = []
+    try:
+        rows = sampling.traffic(timezone.now() - timedelta(minutes=minutes))
+    except sampling.ObservabilityUnavailable as exc:
+        error = str(exc)
+    names = {str(pk): name for pk, name in ModelServer.objects.values_list("pk", "name")}
+    totals: dict[str, dict[str, int]] = defaultdict(lambda: {"requests": 0, "errors": 0})
+    for row in rows:
+        totals[row.backend]["requests"] += row.requests
+        totals[row.backend]["errors"] += row.errors
+    backends = [
+        {"backend": key, "name": names.get(key, "(removed server)"), **counts}
+        for key, counts in sorted(totals.items(), key=lambda item: -item[1]["requests"])
+    ]
+    context = {
+        "backends": backends,
+        "rows": rows[:200],
+        "names": names,
+        "error": error,
+        "minutes": minutes,
+        "active_nav": "clusters",
+    }
+    return render(request, "observability/traffic.html", context)

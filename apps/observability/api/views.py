@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 
 from apps.nodes.models import Node
 from apps.observability import sampling
-from apps.observability.models import TelemetrySample
+from apps.observability.models import TelemetrySample, TrafficSample
 from modelforge.errors import ApiError
 
 
@@ -66,3 +66,41 @@ class NodeTelemetryView(APIView):
                 "samples": TelemetrySampleSerializer(samples, many=True).data,
             }
         )
+
+
+class TrafficSampleSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = TrafficSample
+        fields = ["backend", "minute", "requests", "errors"]
+
+
+class TrafficQuerySerializer(MinutesSerializer):
+    backend = serializers.CharField(max_length=64, required=False)
+
+
+class TrafficView(APIView):
+    """Requests and errors per backend (model server id) per minute through the gateway, newest first
+    (``minutes``, default 60; ``backend`` to pick one). ``503 OBSERVABILITY_DEGRADED`` when the monitoring
+    store is unavailable."""
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("minutes", int, description="How far back, 1 to 10080 (default 60)."),
+            OpenApiParameter("backend", str, description="One model server's id."),
+        ],
+        responses=TrafficSampleSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        query = TrafficQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        since = timezone.now() - timedelta(minutes=query.validated_data["minutes"])
+        try:
+            rows = sampling.traffic(since, query.validated_data.get("backend"))
+        except sampling.ObservabilityUnavailable as exc:
+            raise ApiError(
+                sampling.OBSERVABILITY_DEGRADED,
+                f"Monitoring persistence is unavailable ({exc}); traffic history cannot be read. "
+                "The last minutes are on each cluster's load-balancer card.",
+                503,
+            ) from None
+        return Response({"since": since, "samples": TrafficSampleSerializer(rows, many=True).data})

@@ -56,7 +56,7 @@ def broken_observability() -> Iterator[None]:
 def test_samples_copy_every_gpus_current_reading_and_expire(reporting_node, settings):
     node, credential = reporting_node
     settings.TELEMETRY_RETENTION_DAYS = 7
-    assert sampling.sample() == {"sampled": 2, "expired": 0, "degraded": 0}
+    assert sampling.sample() == {"sampled": 2, "traffic": 0, "expired": 0, "degraded": 0}
     rows = list(TelemetrySample.objects.filter(node_id=node.pk).order_by("gpu_index"))
     current = {g.index: g for g in GPU.objects.filter(node=node)}
     assert [r.gpu_index for r in rows] == [0, 1] and rows[0].node_name == "gpu-a"
@@ -64,7 +64,7 @@ def test_samples_copy_every_gpus_current_reading_and_expire(reporting_node, sett
     assert rows[1].temperature_c == current[1].temperature_c
     with time_machine.travel(timezone.now() + timedelta(days=8)):
         beat(credential, heartbeat_report(gpus=2))
-        assert sampling.sample() == {"sampled": 2, "expired": 2, "degraded": 0}
+        assert sampling.sample() == {"sampled": 2, "traffic": 0, "expired": 2, "degraded": 0}
 
 
 def test_a_node_that_stopped_reporting_is_not_sampled(reporting_node):
@@ -75,7 +75,7 @@ def test_a_node_that_stopped_reporting_is_not_sampled(reporting_node):
 @pytest.mark.django_db(databases=["default", "observability"], transaction=True)
 def test_the_monitoring_store_fails_alone(reporting_node, broken_observability, operator_client, client):
     node, credential = reporting_node
-    assert sampling.sample() == {"sampled": 0, "expired": 0, "degraded": 1}
+    assert sampling.sample() == {"sampled": 0, "traffic": 0, "expired": 0, "degraded": 1}
     alert = Alert.objects.open().get(code="OBSERVABILITY_DEGRADED")
     assert alert.severity == "warning" and "Serving, scheduling and recovery continue" in alert.message
     assert "OperationalError" in alert.message and "refused" in alert.message  # the dead port, nothing else
@@ -131,3 +131,55 @@ def test_only_the_monitoring_tables_live_behind_the_alias():
 
     assert router.db_for_write(TelemetrySample) == "observability"
     assert router.db_for_write(Node) == "default" and router.db_for_read(Alert) == "default"
+
+
+@pytest.fixture
+def counted_traffic(settings) -> Iterator[tuple[str, int]]:
+    """The gateway's shared per-minute counters in the test Redis, for a backend of this test only."""
+    import time
+    import uuid
+
+    import redis
+
+    from apps.clusters.lbstate import ERRORS_KEY, TRAFFIC_BUCKET_S, TRAFFIC_KEY
+
+    backend = str(uuid.uuid4())
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    current = int(time.time() // TRAFFIC_BUCKET_S)
+    client.hincrby(TRAFFIC_KEY.format(bucket=current - 2), backend, 120)
+    client.hincrby(TRAFFIC_KEY.format(bucket=current - 1), backend, 90)
+    client.hincrby(ERRORS_KEY.format(bucket=current - 1), backend, 3)
+    client.hincrby(TRAFFIC_KEY.format(bucket=current), backend, 7)  # this minute is not complete: not kept
+    yield backend, current
+    for bucket in range(current - 2, current + 1):
+        client.hdel(TRAFFIC_KEY.format(bucket=bucket), backend)
+        client.hdel(ERRORS_KEY.format(bucket=bucket), backend)
+
+
+def test_the_gateways_per_minute_counters_are_kept_once_per_complete_minute(
+    counted_traffic, operator_client, client
+):
+    from apps.clusters.lbstate import TRAFFIC_BUCKET_S
+    from apps.observability.models import TrafficSample
+
+    backend, current = counted_traffic
+    sampling.sample()
+    sampling.sample()  # the same minutes seen again: kept once
+    rows = list(TrafficSample.objects.filter(backend=backend).order_by("minute"))
+    assert [(r.requests, r.errors) for r in rows] == [(120, 0), (90, 3)]
+    assert rows[-1].minute.timestamp() == (current - 1) * TRAFFIC_BUCKET_S
+
+    listed = operator_client.get(f"/api/v1/traffic?backend={backend}&minutes=10").json()
+    assert [(s["requests"], s["errors"]) for s in listed["samples"]] == [(90, 3), (120, 0)]
+    client.force_login(User.objects.create_user("ops", is_staff=True))
+    page = client.get("/observability/traffic/").content.decode()
+    assert 'id="traffic-totals"' in page and "210" in page and "(removed server)" in page
+
+
+@pytest.mark.django_db(databases=["default", "observability"], transaction=True)
+def test_traffic_history_names_a_failing_store(broken_observability, operator_client, client):
+    refused = operator_client.get("/api/v1/traffic")
+    assert refused.status_code == 503 and refused.json()["code"] == "OBSERVABILITY_DEGRADED"
+    client.force_login(User.objects.create_user("ops", is_staff=True))
+    page = client.get("/observability/traffic/")
+    assert page.status_code == 200 and 'id="observability-degraded"' in page.content.decode()
