@@ -36,6 +36,7 @@ def home(request: HttpRequest) -> HttpResponse:
     from django.db.models import Count
 
     from apps.alerts.models import Alert
+    from apps.core.invariants import check_live
     from apps.nodes.models import Node
     from apps.servers.models import ModelServer
 
@@ -50,5 +51,6 @@ def home(request: HttpRequest) -> HttpResponse:
         "servers": dict(
             ModelServer.objects.values_list("state").annotate(n=Count("pk")).values_list("state", "n")
         ),
+        "invariants": check_live(),
     }
     return render(request, "core/home.html", context)

@@ -5,4 +5,5 @@ from apps.core.api import views
 urlpatterns = [
     path("system/status", views.SystemStatusView.as_view(), name="system-status"),
     path("system/worker-probe", views.WorkerProbeView.as_view(), name="system-worker-probe"),
+    path("system/invariants", views.InvariantsView.as_view(), name="system-invariants"),
 ]

@@ -33,3 +33,15 @@ class WorkerProbeView(APIView):
             WorkerProbeSerializer({"task_id": task_id[0] if task_id else "", "status_url": status_url}).data,
             status=202,
         )
+
+
+class InvariantsView(APIView):
+    """The platform invariants on the live database: ``sound``, and each one's count of rows that break
+    it. Authoritative tables only (never the monitoring store). 200 either way: a broken invariant is an
+    answer, not an error."""
+
+    @extend_schema(responses={200: None}, operation_id="system_invariants")
+    def get(self, request: Request) -> Response:
+        from apps.core.invariants import check_live
+
+        return Response(check_live())
