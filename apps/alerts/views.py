@@ -8,6 +8,7 @@ from django.views.decorators.http import require_POST
 
 from apps.alerts.filtersets import AlertFilterSet
 from apps.alerts.models import Alert
+from modelforge.errors import describe_validation
 
 
 @staff_member_required(login_url="dashboard:login")
@@ -57,8 +58,7 @@ def channel_create(request: HttpRequest) -> HttpResponse:
         channel = serializer.save(created_by=request.user.get_username())
         messages.success(request, f"Channel {channel.name} created; send it a test message.")
     else:
-        problems = "; ".join(f"{f}: {' '.join(map(str, e))}" for f, e in serializer.errors.items())
-        messages.error(request, f"VALIDATION_ERROR: {problems}")
+        messages.error(request, f"VALIDATION_ERROR: {describe_validation(serializer.errors)}")
     return redirect("alerts:channels")
 
 

@@ -8,7 +8,6 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
-from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.paginator import Paginator
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse
@@ -19,7 +18,8 @@ from apps.artifacts import acquisition, codes, replication
 from apps.artifacts.models import Artifact, ArtifactState
 from apps.artifacts.tasks import acquire, rehydrate
 from apps.nodes.models import Node
-from modelforge.errors import ApiError
+from modelforge.errors import ApiError, describe_validation
+from modelforge.lookups import by_pk
 
 staff_required: Any = staff_member_required(login_url="dashboard:login")
 
@@ -56,10 +56,7 @@ def artifact_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     by = request.user.get_username()
     try:
         if action == "replicate":
-            try:
-                node = Node.objects.filter(pk=request.POST.get("node", "")).first()
-            except (DjangoValidationError, ValueError):  # not a node's id (a UUID) at all
-                node = None
+            node = by_pk(Node.objects.all(), request.POST.get("node"))
             if node is None:
                 raise ApiError("VALIDATION_ERROR", "node: choose an enrolled node.", 400)
             replication.request_replica(artifact, node, by=by)
@@ -108,8 +105,7 @@ def _amend(request: HttpRequest, artifact: Artifact, by: str) -> None:
         data["expected_sha256"] = {path: digest for path, digest in lines}
     serializer = AmendSerializer(data=data)
     if not serializer.is_valid():
-        problems = "; ".join(f"{f}: {' '.join(map(str, e))}" for f, e in serializer.errors.items())
-        raise ApiError("VALIDATION_ERROR", problems, 400)
+        raise ApiError("VALIDATION_ERROR", describe_validation(serializer.errors), 400)
     changes = {k: v for k, v in serializer.validated_data.items() if k != "reason"}
     acquisition.amend(artifact, by=by, reason=serializer.validated_data["reason"], changes=changes)
     messages.success(

@@ -269,10 +269,9 @@ def read_bench_and_traffic(minutes: int = 5) -> tuple[dict[str, Bench], Counter[
             for k, v in client.hgetall(BENCH_KEY).items()
         }
         for b in range(bucket - minutes + 1, bucket + 1):
-            for k, v in client.hgetall(TRAFFIC_KEY.format(bucket=b)).items():
-                traffic[k.decode() if isinstance(k, bytes) else k] += int(v)
-            for k, v in client.hgetall(ERRORS_KEY.format(bucket=b)).items():
-                errors[k.decode() if isinstance(k, bytes) else k] += int(v)
+            served, failed = _bucket_counts(client, b)
+            traffic.update(served)
+            errors.update(failed)
     except (redis.RedisError, OSError):
         return {}, traffic, errors, False
     return {k: v for k, v in benched.items() if v.until > now}, traffic, errors, True
@@ -306,17 +305,18 @@ def read_traffic_minutes(minutes: int) -> dict[int, tuple[Counter[str], Counter[
     (requests, errors) per backend. ``None`` when Redis cannot be read."""
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
     current = int(time.time() // TRAFFIC_BUCKET_S)
-    found: dict[int, tuple[Counter[str], Counter[str]]] = {}
     try:
-        for bucket in range(current - minutes, current):
-            traffic: Counter[str] = Counter()
-            errors: Counter[str] = Counter()
-            for k, v in client.hgetall(TRAFFIC_KEY.format(bucket=bucket)).items():
-                traffic[k.decode() if isinstance(k, bytes) else k] += int(v)
-            for k, v in client.hgetall(ERRORS_KEY.format(bucket=bucket)).items():
-                errors[k.decode() if isinstance(k, bytes) else k] += int(v)
-            if traffic or errors:
-                found[bucket] = (traffic, errors)
+        counted = {bucket: _bucket_counts(client, bucket) for bucket in range(current - minutes, current)}
     except (redis.RedisError, OSError):
         return None
-    return found
+    return {bucket: counts for bucket, counts in counted.items() if counts[0] or counts[1]}
+
+
+def _bucket_counts(client: redis.Redis, bucket: int) -> tuple[Counter[str], Counter[str]]:
+    """One minute's (requests, errors) per backend, as the routers flushed them."""
+    traffic: Counter[str] = Counter()
+    errors: Counter[str] = Counter()
+    for counter, key in ((traffic, TRAFFIC_KEY), (errors, ERRORS_KEY)):
+        for k, v in client.hgetall(key.format(bucket=bucket)).items():
+            counter[k.decode() if isinstance(k, bytes) else k] += int(v)
+    return traffic, errors

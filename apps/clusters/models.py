@@ -13,6 +13,7 @@ from django.utils import timezone
 from apps.clusters import codes
 from apps.servers.models import ModelServer
 from modelforge.errors import ApiError
+from modelforge.errors import codes as error_codes
 
 CAPABILITY = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}@[1-9][0-9]{0,5}$")
 CREDENTIAL_PREFIX = "mfc_"
@@ -92,6 +93,15 @@ class ClusterMember(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster}/{self.name}"
+
+    def attach(self, server: ModelServer) -> None:
+        """Attach ``server`` to this member; a server serves one member at most."""
+        if ClusterMember.objects.filter(server=server).exclude(pk=self.pk).exists():
+            raise ApiError(
+                error_codes.VALIDATION_ERROR, f"server: {server.name} is already attached to a member.", 400
+            )
+        self.server = server
+        self.save(update_fields=["server"])
 
 
 class RoutingTier(models.Model):

@@ -9,7 +9,6 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
-from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
@@ -18,7 +17,8 @@ from django.views.decorators.http import require_POST
 from apps.clusters.loadbalancer import cluster_report
 from apps.clusters.models import Algorithm, Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
 from apps.servers.models import ModelServer
-from modelforge.errors import ApiError
+from modelforge.errors import ApiError, describe_validation
+from modelforge.lookups import by_pk
 
 staff_required: Any = staff_member_required(login_url="dashboard:login")
 MINTED_SESSION_KEY = "clusters.minted_credential"
@@ -70,18 +70,9 @@ def credential_mint(request: HttpRequest) -> HttpResponse:
         data["expires_at"] = (timezone.now() + timedelta(days=int(days))).isoformat()
     serializer = ClientCredentialSerializer(data=data)
     if not serializer.is_valid():
-        problems = "; ".join(
-            f"{field}: {' '.join(map(str, errs))}" for field, errs in serializer.errors.items()
-        )
-        messages.error(request, f"VALIDATION_ERROR: {problems}")
+        messages.error(request, f"VALIDATION_ERROR: {describe_validation(serializer.errors)}")
         return redirect("clusters:list")
-    credential, plain = ClientCredential.objects.mint(
-        name=serializer.validated_data["name"],
-        scopes=serializer.validated_data["scopes"],
-        project=serializer.validated_data.get("project", ""),
-        expires_at=serializer.validated_data.get("expires_at"),
-        created_by=request.user,
-    )
+    credential, plain = serializer.mint(created_by=request.user)
     request.session[MINTED_SESSION_KEY] = {"id": credential.pk, "plain": plain}
     return redirect("clusters:list")
 
@@ -112,16 +103,10 @@ def cluster_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "clusters/cluster_detail.html", context)
 
 
-def _problems(errors: Any) -> str:
-    if isinstance(errors, dict):
-        return "; ".join(f"{field}: {' '.join(map(str, errs))}" for field, errs in errors.items())
-    return " ".join(map(str, errors))
-
-
 def _save(request: HttpRequest, serializer: Any, done: str, check: Any = None) -> Any:
     """Validate and save through the API's serializer; flash the outcome with the API's codes."""
     if not serializer.is_valid():
-        messages.error(request, f"VALIDATION_ERROR: {_problems(serializer.errors)}")
+        messages.error(request, f"VALIDATION_ERROR: {describe_validation(serializer.errors)}")
         return None
     try:
         if check is not None:
@@ -208,17 +193,15 @@ def member_remove(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def member_attach(request: HttpRequest, pk: int) -> HttpResponse:
     member = get_object_or_404(ClusterMember, pk=pk)
-    try:
-        server = ModelServer.objects.filter(pk=request.POST.get("server", "")).first()
-    except (DjangoValidationError, ValueError):  # not a model server's id at all
-        server = None
+    server = by_pk(ModelServer.objects.all(), request.POST.get("server"))
     if server is None:
         messages.error(request, "VALIDATION_ERROR: server: choose an existing model server.")
-    elif ClusterMember.objects.filter(server=server).exclude(pk=member.pk).exists():
-        messages.error(request, f"VALIDATION_ERROR: server: {server.name} is already attached to a member.")
+        return redirect("clusters:detail", member.cluster_id)
+    try:
+        member.attach(server)
+    except ApiError as exc:
+        messages.error(request, f"{exc.code}: {exc.message}")
     else:
-        member.server = server
-        member.save(update_fields=["server"])
         messages.success(request, f"{server.name} attached to {member.name}.")
     return redirect("clusters:detail", member.cluster_id)
 

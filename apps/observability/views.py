@@ -62,8 +62,7 @@ def traffic(request: HttpRequest) -> HttpResponse:
     ]
     context = {
         "backends": backends,
-        "rows": rows[:200],
-        "names": names,
+        "rows": [(row, names.get(row.backend, "(removed server)")) for row in rows[:200]],
         "error": error,
         "minutes": minutes,
         "active_nav": "clusters",

@@ -72,6 +72,12 @@ def _flatten(detail: Any, prefix: str = "") -> list[str]:
     return [f"{prefix}: {text}" if prefix else text]
 
 
+def describe_validation(detail: Any) -> str:
+    """A serializer's errors as one line (``field: message; ...``), as the API's envelope phrases them;
+    for dashboard forms that validate through the API's serializers."""
+    return "; ".join(_flatten(detail))
+
+
 _DRF_CODES: list[tuple[type[Exception], str]] = [
     (drf_exceptions.ValidationError, codes.VALIDATION_ERROR),
     (drf_exceptions.ParseError, codes.MALFORMED_REQUEST),
@@ -100,7 +106,7 @@ def drf_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpRespon
     )
     detail = exc.detail if isinstance(exc, drf_exceptions.APIException) else str(exc)
     if isinstance(exc, drf_exceptions.ValidationError):
-        message = "Invalid input: " + "; ".join(_flatten(detail))
+        message = "Invalid input: " + describe_validation(detail)
     else:
         message = "; ".join(_flatten(detail)) or codes.DEFAULT_MESSAGES.get(response.status_code, "")
     headers = {k: v for k, v in response.items() if k in ("WWW-Authenticate", "Allow", "Retry-After")}

@@ -78,6 +78,16 @@ class ClientCredentialSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = ["display_prefix", "created_at", "revoked_at"]
 
+    def mint(self, created_by: Any) -> tuple[ClientCredential, str]:
+        """The credential and its plain value (shown once), from the validated data."""
+        return ClientCredential.objects.mint(
+            name=self.validated_data["name"],
+            scopes=self.validated_data["scopes"],
+            project=self.validated_data.get("project", ""),
+            expires_at=self.validated_data.get("expires_at"),
+            created_by=created_by,
+        )
+
 
 class MintedCredentialSerializer(ClientCredentialSerializer):
     credential = serializers.CharField(read_only=True, help_text="Shown once; only its digest is stored.")

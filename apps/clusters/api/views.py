@@ -2,7 +2,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -13,6 +12,7 @@ from apps.clusters.api import serializers as s
 from apps.clusters.loadbalancer import cluster_report
 from apps.clusters.models import Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
 from apps.servers.models import ModelServer
+from modelforge.lookups import by_pk
 
 
 class CapabilityViewSet(viewsets.ModelViewSet):
@@ -57,16 +57,10 @@ class ClusterMemberViewSet(viewsets.ModelViewSet):
     def attach(self, request: Request, pk: Any = None) -> Response:
         member = self.get_object()
         server_id = request.data.get("server") if isinstance(request.data, dict) else None
-        try:
-            server = ModelServer.objects.filter(pk=server_id).first() if server_id else None
-        except (DjangoValidationError, ValueError, TypeError):  # not a model server's id (a UUID) at all
-            server = None
+        server = by_pk(ModelServer.objects.all(), server_id)
         if server is None:
             raise serializers.ValidationError({"server": ["Give the id of an existing model server."]})
-        if ClusterMember.objects.filter(server=server).exclude(pk=member.pk).exists():
-            raise serializers.ValidationError({"server": [f"{server.name} is already attached to a member."]})
-        member.server = server
-        member.save(update_fields=["server"])
+        member.attach(server)
         return Response(s.ClusterMemberSerializer(member).data)
 
     @extend_schema(request=None, responses=s.ClusterMemberSerializer)
@@ -95,13 +89,7 @@ class ClientCredentialViewSet(
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         data = s.ClientCredentialSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        credential, plain = ClientCredential.objects.mint(
-            name=data.validated_data["name"],
-            scopes=data.validated_data["scopes"],
-            project=data.validated_data.get("project", ""),
-            expires_at=data.validated_data.get("expires_at"),
-            created_by=request.user,
-        )
+        credential, plain = data.mint(created_by=request.user)
         body = s.MintedCredentialSerializer(credential).data
         body["credential"] = plain
         return Response(body, status=status.HTTP_201_CREATED)
