@@ -1,8 +1,11 @@
 """The heartbeat: inventory and telemetry published to the control plane, from which liveness derives.
 
 A failure is logged with status, method and path only and retried with full-jitter exponential
-back-off (base: the interval, cap: 5 minutes), so a fleet that lost its control plane does not return
-to it in lock-step. The first success after start, and the first after a run of failures, is logged
+back-off (base: the interval), so a fleet that lost its control plane does not return to it in
+lock-step. Heartbeats back off to at most three intervals (30 s by default, under the control plane's
+35 s stale limit): a control plane that comes back hears every node again within its grace period, so a
+node is never taken offline only because it was still waiting out its back-off. Enrollment backs off to
+5 minutes. The first success after start, and the first after a run of failures, is logged
 at INFO; the control plane's ``heartbeat_interval_s`` is honoured from then on.
 """
 
@@ -25,6 +28,8 @@ from agent.telemetry import read_host
 logger = logging.getLogger("agent.heartbeat")
 
 BACKOFF_CAP_S = 300.0
+# Heartbeats back off to at most this many intervals (see the module's docstring).
+HEARTBEAT_BACKOFF_INTERVALS = 3
 # Full jitter can draw ~0; a floor keeps a broken control plane from being hammered.
 MIN_RETRY_DELAY_S = 1.0
 
@@ -125,7 +130,8 @@ class HeartbeatLoop:
 
     def _failed(self) -> float:
         self.failures += 1
-        return backoff_delay(self.interval_s, self.failures, self.rng)
+        cap = min(BACKOFF_CAP_S, HEARTBEAT_BACKOFF_INTERVALS * self.interval_s)
+        return backoff_delay(self.interval_s, self.failures, self.rng, cap_s=cap)
 
     def _succeeded(self, answer: dict[str, Any]) -> float:
         interval = answer.get("heartbeat_interval_s")

@@ -42,6 +42,8 @@ class ManagedServer:
     health_path: str
     state: str = STARTING
     reason: str = ""
+    model: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
     output: deque[str] = field(default_factory=lambda: deque(maxlen=20))
 
     def as_payload(self) -> dict[str, Any]:
@@ -51,6 +53,8 @@ class ManagedServer:
             "pid": self.process.pid,
             "port": self.port,
             "reason": self.reason,
+            "model": self.model,
+            "meta": self.meta,
         }
 
 
@@ -114,7 +118,14 @@ class ProcessManager:
         process = subprocess.Popen(
             argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
         )
-        managed = ManagedServer(server_id, process, port, str(spec.get("health_path") or "/health"))
+        managed = ManagedServer(
+            server_id,
+            process,
+            port,
+            str(spec.get("health_path") or "/health"),
+            model=str(spec.get("model", "")),
+            meta=dict(spec.get("meta") or {}),
+        )
         with self._lock:
             self._servers[server_id] = managed
         threading.Thread(target=self._drain, args=(managed,), daemon=True).start()

@@ -98,8 +98,12 @@ def _manager(context: AgentContext) -> ProcessManager:
 
 
 LAUNCH_SHAPE = (
-    '{"server_id", "model", "command", "args": [...], "env": {...}, "health_path", "values": {...}}'
+    '{"server_id", "model", "command", "args": [...], "env": {...}, "health_path", "values": {...}, '
+    '"meta": {...}}'
 )
+# What the control plane recorded of the server (name, profile, GPUs ...), kept and echoed back in the
+# listing, so that books restored from an older backup can re-record what runs here. Bounded.
+MAX_META_BYTES = 4096
 
 
 def launch_server(context: AgentContext, body: bytes) -> dict[str, Any]:
@@ -114,6 +118,9 @@ def launch_server(context: AgentContext, body: bytes) -> dict[str, Any]:
     ):
         if not isinstance(spec.get(key), kind):
             raise ApiError(400, VALIDATION_ERROR, f"{key} must be a {kind.__name__}: {LAUNCH_SHAPE}")
+    meta = spec.get("meta", {})
+    if not isinstance(meta, dict) or len(json.dumps(meta)) > MAX_META_BYTES:
+        raise ApiError(400, VALIDATION_ERROR, f"meta must be an object of at most {MAX_META_BYTES} bytes")
     presence_of = check_presence(context.models_dir, spec["model"])
     if not presence_of.present:
         raise ApiError(409, "model_not_present_on_node", "Replicate the model to that node first.")

@@ -112,6 +112,21 @@ class SettingsReader:
             return default
         return number
 
+    def fraction(self, name: str, default: float) -> float:
+        """A share strictly between 0 and 1 (``0.5``)."""
+        value = self.raw(name)
+        if value is None:
+            return default
+        try:
+            number = float(value.strip())
+        except ValueError:
+            self.problem(INVALID_SETTING, name, f"{value!r} is not a number")
+            return default
+        if not 0 < number < 1:
+            self.problem(INVALID_SETTING, name, f"{number} is out of range; use a share between 0 and 1")
+            return default
+        return number
+
     def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
         value = self.raw(name)
         if value is None:

@@ -39,3 +39,9 @@ def post_worker_init(worker: object) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)
+
+    # Each web worker stamps that the control plane is listening (apps.nodes.listening): a gap in the
+    # stamps, as after a restart of every web process, restarts the nodes' grace period.
+    from apps.nodes.listening import WebTicker
+
+    WebTicker().start()

@@ -61,6 +61,13 @@ HEARTBEAT_INTERVAL = read.integer("MODELFORGE_HEARTBEAT_INTERVAL", 10, minimum=1
 NODE_STALE_AFTER = read.integer("MODELFORGE_NODE_STALE_AFTER", 35, minimum=2, maximum=3600)
 NODE_OFFLINE_AFTER = read.integer("MODELFORGE_NODE_OFFLINE_AFTER", 90, minimum=3, maximum=86400)
 LIVENESS_SWEEP_INTERVAL = read.integer("MODELFORGE_LIVENESS_SWEEP_INTERVAL", 5, minimum=1, maximum=300)
+# The control plane's own absence is not the nodes' (docs/CONFIGURATION.md, "Liveness"): a gap longer than
+# this in the web processes' listening stamp or in the sweeps restarts every node's grace period.
+LISTENING_GAP = read.integer("MODELFORGE_LISTENING_GAP", 20, minimum=3, maximum=3600)
+# One sweep taking more than this share of online nodes offline at once (in a fleet of at least
+# LIVENESS_MASS_LOSS_MIN_NODES) is suspected as the control plane's fault: held stale, one alert.
+LIVENESS_MASS_LOSS_FRACTION = read.fraction("MODELFORGE_LIVENESS_MASS_LOSS_FRACTION", 0.5)
+LIVENESS_MASS_LOSS_MIN_NODES = read.integer("MODELFORGE_LIVENESS_MASS_LOSS_MIN_NODES", 3, minimum=2)
 ENROLLMENT_TOKEN_TTL = read.integer("MODELFORGE_ENROLLMENT_TOKEN_TTL", 3600, minimum=60, maximum=30 * 86400)
 AGENT_CALL_TIMEOUT = read.integer("MODELFORGE_AGENT_CALL_TIMEOUT", 10, minimum=1, maximum=300)
 CLUSTER_SECRET = read.string("MODELFORGE_CLUSTER_SECRET")
@@ -99,6 +106,15 @@ BACKUP_KEEP_DAYS = read.integer("MODELFORGE_BACKUP_KEEP_DAYS", 14, minimum=0, ma
 BACKUP_RESTORE_JOBS = read.integer("MODELFORGE_BACKUP_RESTORE_JOBS", 2, minimum=1, maximum=64)
 BACKUP_MAINTENANCE_DATABASE = read.string("MODELFORGE_BACKUP_MAINTENANCE_DATABASE", "postgres") or "postgres"
 PG_BIN_DIR = read.string("MODELFORGE_PG_BIN_DIR", "") or ""
+# Failed servers come back: restart (or re-place, when their node is gone) with doubling back-off.
+SERVER_RESTART_MAX_ATTEMPTS = read.integer(
+    "MODELFORGE_SERVER_RESTART_MAX_ATTEMPTS", 5, minimum=0, maximum=100
+)
+SERVER_RESTART_BACKOFF = read.integer("MODELFORGE_SERVER_RESTART_BACKOFF", 10, minimum=1, maximum=3600)
+SERVER_RESTART_BACKOFF_MAX = read.integer(
+    "MODELFORGE_SERVER_RESTART_BACKOFF_MAX", 600, minimum=1, maximum=86400
+)
+SERVER_RECOVER_INTERVAL = read.integer("MODELFORGE_SERVER_RECOVER_INTERVAL", 5, minimum=1, maximum=300)
 SERVER_START_TIMEOUT = read.integer("MODELFORGE_SERVER_START_TIMEOUT", 300, minimum=5, maximum=3600)
 
 # Alert notifications: webhook and e-mail channels, delivered by the worker (apps/alerts/notify.py).
@@ -205,6 +221,9 @@ DATABASES = {
 # connection per request until PostgreSQL runs out; a psycopg pool per process bounds them instead.
 DATABASE_POOL_SIZE = read.integer("MODELFORGE_DATABASE_POOL_SIZE", 10, minimum=1, maximum=500)
 DATABASES["default"]["CONN_MAX_AGE"] = 0
+# Each checkout proves its connection alive first (the pool's check): after a restore's switch-over or a
+# database restart every pooled session is dead, and without the check each would fail one request.
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"].setdefault("OPTIONS", {})
 # A checkout waits at most 5 s: long enough to ride out a burst, short enough that /readyz and callers
 # learn quickly that the database is gone.
@@ -316,6 +335,8 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-node-liveness": {"task": "nodes.sweep_liveness", "schedule": float(LIVENESS_SWEEP_INTERVAL)},
     "ping-online-nodes": {"task": "nodes.ping_online_nodes", "schedule": 60.0},
     "reconcile-servers": {"task": "servers.reconcile", "schedule": 30.0},
+    "recover-servers": {"task": "servers.recover", "schedule": float(SERVER_RECOVER_INTERVAL)},
+    "check-capabilities": {"task": "clusters.check_capabilities", "schedule": float(SERVER_RECOVER_INTERVAL)},
     "clear-settled-churn": {"task": "clusters.clear_settled_churn", "schedule": 60.0},
     "backup-housekeeping": {"task": "backups.housekeeping", "schedule": 60.0},
     "notify-alerts": {"task": "alerts.notify", "schedule": float(NOTIFY_INTERVAL)},

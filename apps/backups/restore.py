@@ -49,6 +49,7 @@ from apps.backups.models import (
     RestoreState,
     ReviewDecision,
 )
+from apps.nodes import listening
 from modelforge.errors import ApiError
 
 logger = logging.getLogger(__name__)
@@ -301,6 +302,9 @@ def _run_phases(server: pgtools.Server, restore: Restore) -> None:
             switched_over=True, rpo_seconds=rpo, consistent_as_of=consistent_as_of
         )
         restore.switched_over = True
+        # The restored books' heartbeats are as old as the backup: nothing was listening in between, so
+        # every node starts a full grace period from the switch-over (apps.nodes.listening).
+        listening.resumed(f"restore {restore.pk} switched the database over", switched_at)
         detail["text"] = (
             f"{target} is now {server.database}; the replaced database is kept as {previous}; "
             f"RPO {rpo:.1f} s (changes after {consistent_as_of.isoformat()} are not in the restored state)"

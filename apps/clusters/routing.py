@@ -126,7 +126,7 @@ def build_table() -> Table:
         )
         for c in ClientCredential.objects.all()
     }
-    assignable = set(Node.objects.assignable().values_list("pk", flat=True))
+    assignable = set(Node.objects.heard().values_list("pk", flat=True))
     running = {
         s.pk: s
         for s in ModelServer.objects.filter(state=ServerState.RUNNING, port__isnull=False).select_related(

@@ -13,3 +13,7 @@ AGENT_UNREACHABLE = "AGENT_UNREACHABLE"
 ALERT_NODE_STALE = "NODE_STALE"
 ALERT_NODE_OFFLINE = "node_offline"
 ALERT_CLUSTER_SECRET_MISMATCH = "cluster_secret_mismatch"
+NODE_MASS_LOSS_NOT_HELD = "NODE_MASS_LOSS_NOT_HELD"
+
+# Many nodes silent at once: the control plane suspects itself and holds them stale (critical).
+ALERT_NODE_MASS_LOSS = "NODE_MASS_LOSS"

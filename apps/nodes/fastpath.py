@@ -14,6 +14,7 @@ import logging
 import time
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.utils import timezone
 
@@ -64,6 +65,24 @@ class HeartbeatEndpoint:
             await pool.open()
             self._pool = pool
         return self._pool
+
+    async def _record(self, credential: str, report: Any) -> Any:
+        """One statement; a pooled session found dead (a restore's switch-over, a database restart) makes
+        the pool check every idle one, and the heartbeat is tried once more on a fresh connection. The
+        happy path pays nothing for it (no check per checkout on the hottest write)."""
+        pool = await self._get_pool()
+        for attempt in (1, 2):
+            try:
+                async with pool.connection() as conn:
+                    cursor = await conn.execute(
+                        HEARTBEAT_SQL, heartbeat_params(credential, report, timezone.now())
+                    )
+                    return await cursor.fetchone()
+            except psycopg.OperationalError:
+                if attempt == 2:
+                    raise
+                await pool.check()
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         started = time.monotonic()
@@ -127,12 +146,7 @@ class HeartbeatEndpoint:
         except InvalidReport as exc:
             return _error(400, exc.code, exc.message)
         try:
-            pool = await self._get_pool()
-            async with pool.connection() as conn:
-                cursor = await conn.execute(
-                    HEARTBEAT_SQL, heartbeat_params(credential, report, timezone.now())
-                )
-                row = await cursor.fetchone()
+            row = await self._record(credential, report)
         except Exception:
             error_logger.exception("heartbeat could not be recorded")
             return 500, {}, {}

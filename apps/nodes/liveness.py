@@ -12,9 +12,9 @@ from django.utils import timezone
 
 from apps.alerts.choices import Severity
 from apps.alerts.models import Alert
-from apps.nodes import codes
+from apps.nodes import codes, listening
 from apps.nodes.choices import EventKind, Liveness
-from apps.nodes.models import Node, NodeEvent
+from apps.nodes.models import ListeningClock, Node, NodeEvent
 from apps.nodes.signals import nodes_went_offline
 
 # One statement moves every node due for a transition and writes its event row. The row locks are
@@ -63,35 +63,74 @@ def _transition(
     return [(str(node_id), name) for node_id, name in cursor.fetchall()]
 
 
+_DUE = f"""
+SELECT count(*) FILTER (WHERE last_heartbeat_at < %(before)s
+                          AND (%(confirmed)s::timestamptz IS NULL OR last_heartbeat_at >= %(confirmed)s)),
+       count(*),
+       min(last_heartbeat_at) FILTER (WHERE last_heartbeat_at < %(before)s)
+FROM {Node._meta.db_table} WHERE liveness = ANY(%(from_states)s)
+"""  # noqa: S608 -- the table name is ours
+
+
+def _gap(stamp: datetime | None, now: datetime) -> bool:
+    return stamp is not None and (now - stamp).total_seconds() > settings.LISTENING_GAP
+
+
 def sweep(now: datetime | None = None) -> SweepResult:
     """Apply due transitions as of ``now`` and raise their alerts.
 
-    1. offline: online or stale nodes silent for longer than ``NODE_OFFLINE_AFTER``.
+    0. Listening: if the sweeps stopped for longer than ``MODELFORGE_LISTENING_GAP`` (worker, beat,
+       broker or database away), every node's grace period restarts now; if no web process has stamped
+       for that long, nothing can be heard and nothing moves. Silence is ``now - max(last heartbeat,
+       listening since)`` (apps.nodes.listening).
+    1. offline: online or stale nodes silent for longer than ``NODE_OFFLINE_AFTER`` -- unless that is
+       more than ``LIVENESS_MASS_LOSS_FRACTION`` of them in a fleet of at least
+       ``LIVENESS_MASS_LOSS_MIN_NODES``: the control plane suspects itself, holds them stale, fails no
+       server and raises one critical ``NODE_MASS_LOSS`` until an operator confirms or they come back.
     2. stale: online nodes silent for longer than ``NODE_STALE_AFTER``.
     3. alerts: ``node_offline`` (critical) and ``NODE_STALE`` (warning), one statement each,
        de-duplicated by the alerts core.
     """
     now = now or timezone.now()
-    offline_before = now - timedelta(seconds=settings.NODE_OFFLINE_AFTER)
-    stale_before = now - timedelta(seconds=settings.NODE_STALE_AFTER)
     result = SweepResult()
-    with transaction.atomic(), connection.cursor() as cursor:
-        result.offline = _transition(
-            cursor,
-            [Liveness.ONLINE, Liveness.STALE],
-            Liveness.OFFLINE,
-            offline_before,
-            now,
-            f"no heartbeat for more than {settings.NODE_OFFLINE_AFTER} s",
-        )
-        result.stale = _transition(
-            cursor,
-            [Liveness.ONLINE],
-            Liveness.STALE,
-            stale_before,
-            now,
-            f"no heartbeat for more than {settings.NODE_STALE_AFTER} s",
-        )
+    with transaction.atomic():
+        clock = listening.locked()
+        if clock.swept_at is not None and _gap(clock.swept_at, now):
+            clock.listening_since = now
+            clock.listening_reason = (
+                f"no liveness sweep for {(now - clock.swept_at).total_seconds():.0f} s (worker, beat, broker "
+                "or database away)"
+            )
+        deaf = _gap(clock.web_seen_at, now)
+        if deaf:
+            clock.listening_since = now
+            clock.listening_reason = "no web process listening"
+        clock.swept_at = now
+        since = clock.listening_since
+        offline_before = now - timedelta(seconds=settings.NODE_OFFLINE_AFTER)
+        stale_before = now - timedelta(seconds=settings.NODE_STALE_AFTER)
+        with connection.cursor() as cursor:
+            if not deaf and (since is None or since < offline_before):
+                allowed = _guard_mass_loss(cursor, clock, offline_before, now)
+                if allowed is not None:
+                    result.offline = _transition(
+                        cursor,
+                        [Liveness.ONLINE, Liveness.STALE],
+                        Liveness.OFFLINE,
+                        allowed,
+                        now,
+                        f"no heartbeat for more than {settings.NODE_OFFLINE_AFTER} s",
+                    )
+            if not deaf and (since is None or since < stale_before):
+                result.stale = _transition(
+                    cursor,
+                    [Liveness.ONLINE],
+                    Liveness.STALE,
+                    stale_before,
+                    now,
+                    f"no heartbeat for more than {settings.NODE_STALE_AFTER} s",
+                )
+        clock.save()
         Alert.objects.raise_many(
             codes.ALERT_NODE_OFFLINE,
             Severity.CRITICAL,
@@ -114,3 +153,39 @@ def sweep(now: datetime | None = None) -> SweepResult:
             # Higher layers (model servers on those nodes) react in the same transaction.
             nodes_went_offline.send(sender=sweep, nodes=result.offline, at=now)
     return result
+
+
+def _guard_mass_loss(cursor: Any, clock: ListeningClock, before: datetime, now: datetime) -> datetime | None:
+    """The offline limit this sweep may apply: ``before``, or only the nodes an operator confirmed lost
+    (``confirmed_at``), or none while many nodes went silent at once (the hold and its alert)."""
+    confirmed = clock.confirmed_at
+    cursor.execute(
+        _DUE,
+        {"before": before, "confirmed": confirmed, "from_states": [Liveness.ONLINE, Liveness.STALE]},
+    )
+    due, alive, silent_since = cursor.fetchone()
+    mass = (
+        alive >= settings.LIVENESS_MASS_LOSS_MIN_NODES and due > settings.LIVENESS_MASS_LOSS_FRACTION * alive
+    )
+    if not mass:
+        if clock.hold_since is not None:
+            Alert.objects.clear_for([codes.ALERT_NODE_MASS_LOSS], *listening.MASS_LOSS_SUBJECT, at=now)
+            clock.hold_since, clock.hold_nodes = None, 0
+        return before
+    if clock.hold_since is None:
+        clock.hold_since = now
+    clock.hold_nodes = due
+    Alert.objects.raise_alert(
+        codes.ALERT_NODE_MASS_LOSS,
+        Severity.CRITICAL,
+        *listening.MASS_LOSS_SUBJECT,
+        "fleet liveness",
+        f"{due} of {alive} online nodes went silent at once (last heard from "
+        f"{timezone.localtime(silent_since):%Y-%m-%d %H:%M:%S %Z} on). The control plane suspects itself "
+        "(its network, clock or database) rather than the fleet: they are held stale and no server is "
+        "failed. If the nodes are really gone, confirm the loss (Alerts, or POST "
+        "/api/v1/nodes/mass-loss/confirm); nodes that report again clear this.",
+        at=now,
+    )
+    # Only nodes the operator already confirmed lost (silent before the confirmation) may go offline.
+    return min(before, confirmed) if confirmed is not None else None

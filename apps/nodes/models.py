@@ -34,6 +34,19 @@ class NodeQuerySet(models.QuerySet["Node"]):
             last_heartbeat_at__gte=now - timedelta(seconds=settings.NODE_STALE_AFTER),
         )
 
+    def heard(self, now: datetime | None = None) -> NodeQuerySet:
+        """Nodes whose running servers may be routed to: enabled, online, and not silent for longer than
+        the stale limit *while the control plane was listening* (after a restore or a restart of the
+        control plane, a node's old heartbeat is not its silence). Placement still wants a fresh reading
+        (``assignable``); serving only wants a node nobody has reason to think gone."""
+        now = now or timezone.now()
+        fresh_after = now - timedelta(seconds=settings.NODE_STALE_AFTER)
+        since = ListeningClock.objects.values_list("listening_since", flat=True).first()
+        fresh = models.Q(last_heartbeat_at__gte=fresh_after)
+        if since is not None and since >= fresh_after:
+            fresh = models.Q()
+        return self.filter(fresh, enabled=True, liveness=Liveness.ONLINE)
+
 
 class Node(models.Model):
     """A machine running the agent: its identity, what it last reported, and whether work may go there."""
@@ -199,3 +212,31 @@ class EnrollmentToken(models.Model):
                 revoked_at=timezone.now()
             )
         )
+
+
+class ListeningClock(models.Model):
+    """When the control plane could hear its nodes, and the mass-loss hold (one row).
+
+    A node's silence is counted from ``max(last heartbeat, listening_since)``: ``listening_since`` moves
+    forward whenever the control plane could not have received heartbeats (web processes back after a
+    gap, sweeps resuming after the worker, beat, broker or database were away, a restore's switch-over).
+    A restored database carries an old row, which the first web stamp or sweep recognises as a gap.
+    """
+
+    singleton = models.BooleanField(default=True, unique=True, editable=False)
+    listening_since = models.DateTimeField(null=True, blank=True)
+    listening_reason = models.CharField(max_length=255, blank=True)
+    web_seen_at = models.DateTimeField(null=True, blank=True)
+    swept_at = models.DateTimeField(null=True, blank=True)
+    hold_since = models.DateTimeField(null=True, blank=True)
+    hold_nodes = models.PositiveIntegerField(default=0)
+    confirmed_at = models.DateTimeField(null=True, blank=True)
+    confirmed_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(singleton=True), name="nodes_listening_singleton"),
+        ]
+
+    def __str__(self) -> str:
+        return f"listening since {self.listening_since}"

@@ -22,6 +22,13 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
     ServerState.STARTING: (ServerState.RUNNING, ServerState.FAILED, ServerState.STOPPING),
     ServerState.RUNNING: (ServerState.STOPPING, ServerState.FAILED),
     ServerState.STOPPING: (ServerState.STOPPED, ServerState.FAILED),
-    ServerState.FAILED: (),
+    # A failed server comes back: restarted or re-placed (placing), or adopted when its agent reports the
+    # process running after all (running).
+    ServerState.FAILED: (ServerState.PLACING, ServerState.RUNNING),
     ServerState.STOPPED: (),
 }
+
+
+class RestartPolicy(models.TextChoices):
+    NEVER = "never", "Never"
+    ON_FAILURE = "on-failure", "On failure"

@@ -18,3 +18,6 @@ LAUNCH_FAILED = "LAUNCH_FAILED"
 PROCESS_LOST = "PROCESS_LOST"
 STOP_FAILED = "STOP_FAILED"
 ARTIFACT_NOT_READY = "ARTIFACT_NOT_READY"
+
+# Alerts: a failed server (warning); cleared when it runs again or is deleted.
+ALERT_SERVER_FAILED = "SERVER_FAILED"

@@ -6,20 +6,23 @@ Every call to an agent is signed (``apps.nodes.agent_client``) and runs in a Cel
 from __future__ import annotations
 
 import logging
+import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.dispatch import receiver
 from django.utils import timezone
 
 from apps.nodes import agent_client
+from apps.nodes import codes as node_codes
 from apps.nodes.models import Node
 from apps.nodes.signals import nodes_went_offline
 from apps.servers import codes
 from apps.servers.choices import ServerState
-from apps.servers.models import ModelServer, Reservation, ServerEvent
+from apps.servers.models import ModelServer, Reservation, ServerEvent, ServerTombstone
 from apps.servers.signals import server_state_changed
 from modelforge.errors import ApiError
 
@@ -85,6 +88,18 @@ def launch(server: ModelServer) -> None:
                     "gpu_indexes": ",".join(str(i) for i in gpu_indexes),
                     "gpu_count": str(max(len(gpu_indexes), 1)),
                 },
+                # Echoed back by the agent's listing: what books restored from an older backup need to
+                # re-record a server they never saw (reconcile_node).
+                "meta": {
+                    "name": server.name,
+                    "profile": server.profile,
+                    "gpus": gpu_indexes,
+                    "memory_per_unit_bytes": server.memory_per_unit_bytes,
+                    "memory_rule": server.memory_rule,
+                    "weights_bytes": server.weights_bytes,
+                    "encrypted": server.encrypted,
+                    "artifact": str(server.artifact_id) if server.artifact_id else None,
+                },
             },
         )
     except ApiError as exc:
@@ -139,51 +154,211 @@ def stop_on_agent(server: ModelServer) -> dict[str, Any]:
     return {"ok": reply.status in (200, 404), "status": reply.status}
 
 
-def reconcile_node(node: Node) -> tuple[int, int]:
+@dataclass
+class Reconciled:
+    """What one reconcile of a node changed."""
+
+    failed: int = 0
+    adopted: int = 0
+    recorded: int = 0
+    stopped: int = 0
+
+
+def reconcile_node(node: Node) -> Reconciled:
     """Compare the books with what the node's agent actually runs, both ways.
 
+    The agent is the truth of what runs; the books are the truth of what should run.
+
     1. A server ``running`` in the books that the agent no longer runs (the agent restarted, the
-       process died) is failed: ``PROCESS_LOST``.
-    2. A process the agent runs that the books do not hold as live (failed while its node was offline,
-       stopped, unknown) is stopped: an orphan would hold memory nobody accounts for.
-    Returns (servers failed, orphans stopped).
+       process died) is failed: ``PROCESS_LOST`` (its restart policy may bring it back).
+    2. A process the agent runs whose server the books hold as failed for a liveness reason (its node
+       was offline, or the process was not found then) is adopted back: ``running``, with an event.
+    3. A process whose server the books do not have at all (restored from an older backup) is
+       re-recorded from the agent's report, with an event; never stopped.
+    4. A process is stopped only when an operator asked for it: its server stopped, or deleted (a
+       tombstone says by whom), or placed again elsewhere and running there (the old copy goes once
+       the replacement runs). Each stop is an event with who and when.
     """
     try:
         reply = agent_client.call_agent(node, "GET", "/v1/servers")
     except ApiError:
-        return 0, 0  # unreachable: liveness (and the sweep) decide, not one failed call
+        return Reconciled()  # unreachable: liveness (and the sweep) decide, not one failed call
     reported = {str(s.get("server_id")): s for s in reply.body.get("servers", []) if isinstance(s, dict)}
-    live_states = [ServerState.STARTING, ServerState.RUNNING, ServerState.STOPPING]
-    books = {
-        str(server.pk): server
-        for server in ModelServer.objects.filter(node=node, state__in=live_states).select_related("node")
-    }
-    failed = 0
-    for server_id, server in books.items():
-        seen = reported.get(server_id)
-        if server.state != ServerState.RUNNING or (seen is not None and seen.get("state") == "running"):
+    done = Reconciled()
+    for server in ModelServer.objects.filter(node=node, state=ServerState.RUNNING).select_related("node"):
+        seen = reported.get(str(server.pk))
+        if seen is not None and seen.get("state") == "running":
             continue
         reason = (seen or {}).get("reason") or (
             "the node's agent does not run this server any more (the agent restarted, or the process is gone)"
         )
         try:
-            server.fail(codes.PROCESS_LOST, f"{reason}; place it again")
+            server.fail(codes.PROCESS_LOST, reason)
         except ApiError:
             continue  # it changed state meanwhile (a stop): the newer transition stands
-        failed += 1
-    orphans = 0
-    for server_id, seen in reported.items():
-        if server_id in books or seen.get("state") not in ("starting", "running"):
+        done.failed += 1
+    running_here = {
+        sid: seen for sid, seen in reported.items() if seen.get("state") in ("starting", "running")
+    }
+    if not running_here:
+        return done
+    books = {
+        str(s.pk): s for s in ModelServer.objects.filter(pk__in=_uuids(running_here)).select_related("node")
+    }
+    tombstones = {
+        str(t.server_id): t for t in ServerTombstone.objects.filter(server_id__in=_uuids(running_here))
+    }
+    for server_id, seen in running_here.items():
+        found = books.get(server_id)
+        tombstone = tombstones.get(server_id)
+        if tombstone is not None:
+            why = f"deleted by {tombstone.deleted_by} at {tombstone.deleted_at.isoformat(timespec='seconds')}"
+            if _stop_copy(node, server_id, why):
+                done.stopped += 1
             continue
+        if found is None:
+            done.recorded += _re_record(node, server_id, seen)
+            continue
+        server = found
+        if server.node_id != node.pk:
+            if server.state == ServerState.RUNNING:
+                why = f"placed again on {server.node.name if server.node else '?'}, where it runs now"
+                if _stop_copy(node, server_id, why, server):
+                    done.stopped += 1
+            elif server.state == ServerState.FAILED and seen.get("state") == "running":
+                done.adopted += _adopt(server, node, seen, "its replacement did not run")
+            continue  # the replacement is starting: the old copy serves until it runs
+        if server.state in (ServerState.STOPPED, ServerState.STOPPING):
+            if server.state == ServerState.STOPPED:
+                stop_event = server.events.filter(to_state=ServerState.STOPPING).first()
+                why = stop_event.detail if stop_event else "its server is stopped"
+                if _stop_copy(node, server_id, why, server):
+                    done.stopped += 1
+            continue  # stopping: the stop task is on it
+        if server.state == ServerState.FAILED and seen.get("state") == "running":
+            if server.failure_code in ADOPTABLE:
+                done.adopted += _adopt(server, node, seen, f"it was failed {server.failure_code}")
+            elif server.failure_code == codes.LAUNCH_FAILED and _stop_copy(
+                node,
+                server_id,
+                "its start was given up (LAUNCH_FAILED): the control plane asked for the stop",
+                server,
+            ):
+                done.stopped += 1
+    return done
+
+
+# Failures that say nothing about the process itself: the control plane could not see it.
+ADOPTABLE = (codes.NODE_OFFLINE, codes.PROCESS_LOST, node_codes.AGENT_UNREACHABLE)
+
+
+def _uuids(ids: Any) -> list[uuid.UUID]:
+    out = []
+    for value in ids:
         try:
-            agent_client.call_agent(node, "POST", "/v1/servers/stop", {"server_id": server_id})
-        except ApiError:
+            out.append(uuid.UUID(str(value)))
+        except ValueError:
             continue
-        orphans += 1
-        logger.warning(
-            "stopped orphan server %s on node %s: the books do not hold it as live", server_id, node
+    return out
+
+
+def _adopt(server: ModelServer, node: Node, seen: dict[str, Any], why: str) -> int:
+    try:
+        server.transition(
+            ServerState.RUNNING,
+            detail=f"adopted: the agent of {node.name} reports it running ({why})",
+            node_id=node.pk,
+            pid=seen.get("pid"),
+            port=seen.get("port"),
+            failure_code="",
+            failure_message="",
+            restart_attempts=0,
         )
-    return failed, orphans
+    except ApiError:
+        return 0
+    logger.warning("adopted server %s on node %s: its agent reports it running", server.name, node.name)
+    server_state_changed.send(sender=ModelServer, server_id=server.pk)
+    return 1
+
+
+def _stop_copy(node: Node, server_id: str, why: str, server: ModelServer | None = None) -> bool:
+    try:
+        reply = agent_client.call_agent(node, "POST", "/v1/servers/stop", {"server_id": server_id})
+    except ApiError:
+        return False
+    if reply.status not in (200, 404):
+        return False
+    detail = f"the copy on {node.name} stopped: {why}"
+    if server is not None:
+        ServerEvent.objects.create(
+            server=server, from_state=server.state, to_state=server.state, detail=detail[:500]
+        )
+    logger.warning("stopped server %s on node %s: %s", server_id, node.name, why)
+    return True
+
+
+def _re_record(node: Node, server_id: str, seen: dict[str, Any]) -> int:
+    """Books restored from an older backup: record the server the agent runs from its own report."""
+    meta: dict[str, Any] = seen["meta"] if isinstance(seen.get("meta"), dict) else {}
+    name = str(meta.get("name") or f"recovered-{server_id[:8]}")[:63]
+    if ModelServer.objects.filter(name=name).exists():
+        name = f"{name[:50]}-{server_id[:8]}"
+    profile = str(meta.get("profile") or "")[:63]
+    gpus = [g for g in meta.get("gpus") or [] if isinstance(g, int)]
+    need = meta["memory_per_unit_bytes"] if isinstance(meta.get("memory_per_unit_bytes"), int) else 0
+    try:
+        with transaction.atomic():
+            server = ModelServer.objects.create(
+                id=uuid.UUID(server_id),
+                name=name,
+                profile=profile,
+                model=str(seen.get("model") or meta.get("model") or "")[:255],
+                weights_bytes=meta.get("weights_bytes")
+                if isinstance(meta.get("weights_bytes"), int)
+                else None,
+                gpus_wanted=len(gpus),
+                encrypted=bool(meta.get("encrypted")),
+                node=node,
+                memory_per_unit_bytes=need,
+                memory_rule=str(meta.get("memory_rule") or "")[:200],
+                state=ServerState.RUNNING if seen.get("state") == "running" else ServerState.STARTING,
+                port=seen.get("port"),
+                pid=seen.get("pid"),
+                running_at=timezone.now() if seen.get("state") == "running" else None,
+            )
+            units = {g.index: g for g in node.gpus.filter(index__in=gpus)}
+            Reservation.objects.bulk_create(
+                [
+                    Reservation(server=server, node=node, gpu=units.get(i), bytes=need)
+                    for i in gpus
+                    if i in units
+                ]
+                or (
+                    [Reservation(server=server, node=node, gpu=None, bytes=need)] if need and not gpus else []
+                )
+            )
+            ServerEvent.objects.create(
+                server=server,
+                from_state="",
+                to_state=server.state,
+                detail=(
+                    f"re-recorded from the agent of {node.name}: it runs this server, which the books did "
+                    "not hold (restored from an older backup?); attach it to its cluster again if it "
+                    "belonged to one"
+                )[:500],
+            )
+    except (ValueError, IntegrityError) as exc:
+        logger.error("could not re-record server %s reported by %s: %s", server_id, node.name, exc)
+        return 0
+    if server.state == ServerState.STARTING:
+        from apps.servers.tasks import watch_start
+
+        transaction.on_commit(
+            lambda: watch_start.apply_async((server_id, timezone.now().isoformat()), countdown=1)
+        )
+    logger.warning("re-recorded server %s (%s) from the agent of %s", name, server_id, node.name)
+    server_state_changed.send(sender=ModelServer, server_id=server.pk)
+    return 1
 
 
 _MARK_OFFLINE = f"""

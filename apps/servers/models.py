@@ -7,7 +7,7 @@ from django.db import models
 from django.utils import timezone
 
 from apps.nodes.models import GPU, Node
-from apps.servers.choices import HOLDING, TRANSITIONS, ServerState
+from apps.servers.choices import HOLDING, TRANSITIONS, RestartPolicy, ServerState
 from apps.servers.codes import INVALID_SERVER_STATE
 from modelforge.errors import ApiError
 
@@ -34,6 +34,12 @@ class ModelServer(models.Model):
     pid = models.PositiveIntegerField(null=True, blank=True)
     failure_code = models.CharField(max_length=64, blank=True)
     failure_message = models.TextField(blank=True)
+    restart_policy = models.CharField(
+        max_length=16, choices=RestartPolicy.choices, default=RestartPolicy.ON_FAILURE
+    )
+    restart_attempts = models.PositiveIntegerField(
+        default=0, help_text="Automatic restarts since it last ran; reset when it runs again."
+    )
     created_at = models.DateTimeField(default=timezone.now)
     running_at = models.DateTimeField(null=True, blank=True)
     stopped_at = models.DateTimeField(null=True, blank=True)
@@ -119,3 +125,20 @@ class ServerEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.server_id} {self.from_state}->{self.to_state}"
+
+
+class ServerTombstone(models.Model):
+    """A server an operator deleted while its process may still run (its node away): the agent's copy is
+    stopped when the node reports it, with this row saying who asked and when."""
+
+    server_id = models.UUIDField(primary_key=True)
+    name = models.CharField(max_length=63)
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    deleted_by = models.CharField(max_length=150)
+    deleted_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-deleted_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} (deleted by {self.deleted_by})"

@@ -41,6 +41,8 @@ class Request:
     encrypted: bool = False
     node: str | None = None  # pin to one node by name
     artifact: Any = None  # an Artifact: names the model, its size and whether it is encrypted
+    existing: ModelServer | None = None  # a failed server placed again (restart, re-place) keeps its identity
+    why: str = ""  # recorded in the placing event of a server placed again
 
 
 @dataclass
@@ -492,20 +494,36 @@ def _record(
                 "gpus": [],
             }
         )
-    server = ModelServer.objects.create(
-        name=request.name,
-        artifact=request.artifact,
-        profile=profile.name,
-        model=request.model,
-        weights_bytes=request.weights_bytes,
-        gpus_wanted=gpus,
-        encrypted=request.encrypted,
-        node_id=candidate.node_id,
-        memory_per_unit_bytes=need,
-        memory_rule=rule,
-        placement_explanation=explanation,
-    )
-    server.transition(ServerState.PLACING, detail=f"placing on {candidate.name}: {verdict.reason}"[:500])
+    placed = {
+        "node_id": candidate.node_id,
+        "memory_per_unit_bytes": need,
+        "memory_rule": rule,
+        "placement_explanation": explanation,
+    }
+    if request.existing is not None:
+        # The same server (its clusters and capabilities keep it), on the node chosen now.
+        server = request.existing
+        server.transition(
+            ServerState.PLACING,
+            detail=f"{request.why}; placing on {candidate.name}: {verdict.reason}"[:500],
+            port=None,
+            pid=None,
+            failure_code="",
+            failure_message="",
+            **placed,
+        )
+    else:
+        server = ModelServer.objects.create(
+            name=request.name,
+            artifact=request.artifact,
+            profile=profile.name,
+            model=request.model,
+            weights_bytes=request.weights_bytes,
+            gpus_wanted=gpus,
+            encrypted=request.encrypted,
+            **placed,
+        )
+        server.transition(ServerState.PLACING, detail=f"placing on {candidate.name}: {verdict.reason}"[:500])
     Reservation.objects.bulk_create(
         [
             Reservation(server=server, node_id=candidate.node_id, gpu_id=unit.gpu_id, bytes=need)

@@ -55,13 +55,22 @@ def stop_server(server_id: str) -> str:
 
 @shared_task(name="servers.reconcile")
 def reconcile() -> dict[str, int]:
-    """Every online node (enabled or not) that has ever run a server: do its agent and the books agree?"""
+    """Every online node (enabled or not): do its agent and the books agree?"""
     from apps.nodes.choices import Liveness
     from apps.nodes.models import Node
 
-    nodes = Node.objects.filter(liveness=Liveness.ONLINE, servers__isnull=False).distinct()
-    failed = orphans = 0
-    for node in nodes:
-        lost, stopped = lifecycle.reconcile_node(node)
-        failed, orphans = failed + lost, orphans + stopped
-    return {"failed": failed, "orphans_stopped": orphans}
+    # Every online node: one whose books are empty (restored from an older backup) may still run servers.
+    totals = {"failed": 0, "adopted": 0, "recorded": 0, "stopped": 0}
+    for node in Node.objects.filter(liveness=Liveness.ONLINE):
+        done = lifecycle.reconcile_node(node)
+        for key in totals:
+            totals[key] += getattr(done, key)
+    return totals
+
+
+@shared_task(name="servers.recover")
+def recover() -> dict[str, int]:
+    """The restart policy of failed servers, and their SERVER_FAILED alerts."""
+    from apps.servers import recovery
+
+    return recovery.recover()

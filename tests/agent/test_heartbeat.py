@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from agent.client import ControlPlaneClient
-from agent.heartbeat import BACKOFF_CAP_S, HeartbeatLoop, backoff_delay
+from agent.heartbeat import BACKOFF_CAP_S, HEARTBEAT_BACKOFF_INTERVALS, HeartbeatLoop, backoff_delay
 from tests.agent.support import RecordingControlPlane, error, free_port, run_agent
 
 BODY_MARKER = "body-marker-do-not-log-7f3a"
@@ -96,6 +96,13 @@ def test_back_off_is_full_jitter_capped_at_five_minutes() -> None:
     assert backoff_delay(10, 3, rng=lambda: 0.25) == 20
     # Full jitter may draw zero; the floor keeps a broken control plane from being hammered.
     assert backoff_delay(10, 3, rng=lambda: 0.0) == 1.0
+
+
+def test_heartbeats_back_off_to_at_most_three_intervals_so_a_returning_control_plane_hears_them() -> None:
+    loop = HeartbeatLoop(None, "cred", dict, interval_s=10, stop=threading.Event(), rng=lambda: 1.0)  # type: ignore[arg-type]
+    delays = [loop._failed() for _ in range(12)]
+    assert delays[:2] == [20, 30]
+    assert max(delays) == 30 == HEARTBEAT_BACKOFF_INTERVALS * 10
 
 
 def test_a_control_plane_behind_a_path_prefix_is_called_under_it(

@@ -1,0 +1,202 @@
+"""Failed servers come back: restart on their node, re-place elsewhere when the node is gone, delete.
+
+The operator's actions (API, dashboard, admin) and the restart policy's automatic ones go through the same
+functions, and placement is always ``scheduler.place`` with its rules and refusals: a server placed again
+keeps its identity (its clusters and capabilities still name it), and a server nothing has room for
+stays failed with the refusal in its ``SERVER_FAILED`` alert.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from apps.alerts.choices import Severity
+from apps.alerts.models import Alert
+from apps.servers import codes
+from apps.servers.choices import RestartPolicy, ServerState
+from apps.servers.models import ModelServer, ServerTombstone
+from apps.servers.scheduler import Request, place
+from modelforge.errors import ApiError
+
+logger = logging.getLogger(__name__)
+
+# Failures a restart may cure: the process died, the node went away, the start did not come up.
+RESTARTABLE = (codes.PROCESS_LOST, codes.NODE_OFFLINE, codes.LAUNCH_FAILED, "AGENT_UNREACHABLE")
+# A server that ran this long before failing starts its back-off again from the first step.
+HEALTHY_RUN_S = 600
+
+
+def _refuse_unless_failed(server: ModelServer, action: str) -> None:
+    if server.state != ServerState.FAILED:
+        raise ApiError(
+            codes.INVALID_SERVER_STATE,
+            f"Server {server.name} is {server.state}; only a failed server can be {action}.",
+            409,
+        )
+
+
+def _place_again(server: ModelServer, *, node: str | None, why: str) -> ModelServer:
+    with transaction.atomic():
+        server = ModelServer.objects.select_for_update().select_related("artifact").get(pk=server.pk)
+        _refuse_unless_failed(server, "placed again")
+        return place(
+            Request(
+                name=server.name,
+                profile=server.profile,
+                model=server.model,
+                gpus=server.gpus_wanted,
+                weights_bytes=server.weights_bytes,
+                encrypted=server.encrypted,
+                node=node,
+                artifact=server.artifact,
+                existing=server,
+                why=why,
+            )
+        )
+
+
+def restart(server: ModelServer, by: str) -> ModelServer:
+    """Start a failed server again on its own node (headroom is checked there again)."""
+    _refuse_unless_failed(server, "restarted")
+    if server.node is None:
+        raise ApiError(codes.INVALID_SERVER_STATE, f"Server {server.name} has no node; re-place it.", 409)
+    return _place_again(server, node=server.node.name, why=f"restart requested by {by}")
+
+
+def replace(server: ModelServer, by: str) -> ModelServer:
+    """Place a failed server again wherever the scheduler finds room (its old node included)."""
+    _refuse_unless_failed(server, "re-placed")
+    return _place_again(server, node=None, why=f"re-place requested by {by}")
+
+
+def delete(server: ModelServer, by: str) -> None:
+    """Delete a failed or stopped server. A failed one may still run where the control plane cannot see
+    (its node offline): a tombstone makes reconcile stop that copy when the node reports it."""
+    if server.state not in (ServerState.FAILED, ServerState.STOPPED):
+        raise ApiError(
+            codes.INVALID_SERVER_STATE,
+            f"Server {server.name} is {server.state}; stop it before deleting it.",
+            409,
+        )
+    with transaction.atomic():
+        if server.state == ServerState.FAILED:
+            ServerTombstone.objects.update_or_create(
+                server_id=server.pk,
+                defaults={"name": server.name, "node_id": server.node_id, "deleted_by": by[:150]},
+            )
+        Alert.objects.clear_for([codes.ALERT_SERVER_FAILED], "server", str(server.pk))
+        server.delete()
+    logger.warning("server %s deleted by %s", server.name, by)
+
+
+def backoff_s(attempts: int) -> int:
+    """Doubling from ``SERVER_RESTART_BACKOFF``, capped at ``SERVER_RESTART_BACKOFF_MAX``."""
+    return int(
+        min(settings.SERVER_RESTART_BACKOFF * 2 ** min(attempts, 20), settings.SERVER_RESTART_BACKOFF_MAX)
+    )
+
+
+def next_restart_at(server: ModelServer) -> datetime | None:
+    """When the restart policy tries again, or None when it will not (policy, attempts, failure kind)."""
+    if (
+        server.state != ServerState.FAILED
+        or server.restart_policy != RestartPolicy.ON_FAILURE
+        or server.failure_code not in RESTARTABLE
+        or server.restart_attempts >= settings.SERVER_RESTART_MAX_ATTEMPTS
+    ):
+        return None
+    failed_at = server.stopped_at or server.created_at
+    return failed_at + timedelta(seconds=backoff_s(server.restart_attempts))
+
+
+def recover(now: datetime | None = None) -> dict[str, int]:
+    """The restart policy, then the ``SERVER_FAILED`` alerts (one per failed server, cleared when it runs
+    again or is deleted)."""
+    now = now or timezone.now()
+    restarted = refused = 0
+    for server in ModelServer.objects.filter(
+        state=ServerState.FAILED,
+        restart_policy=RestartPolicy.ON_FAILURE,
+        failure_code__in=RESTARTABLE,
+    ).select_related("node"):
+        if (
+            server.running_at
+            and server.stopped_at
+            and (server.stopped_at - server.running_at).total_seconds() > HEALTHY_RUN_S
+            and server.restart_attempts
+        ):
+            ModelServer.objects.filter(pk=server.pk).update(restart_attempts=0)
+            server.restart_attempts = 0
+        due = next_restart_at(server)
+        if due is None or due > now:
+            continue
+        attempt = server.restart_attempts + 1
+        ModelServer.objects.filter(pk=server.pk, state=ServerState.FAILED).update(
+            restart_attempts=attempt, stopped_at=now
+        )
+        same_node = server.node is not None and server.node.is_assignable(now)
+        why = (
+            f"automatic restart {attempt} of {settings.SERVER_RESTART_MAX_ATTEMPTS} "
+            f"after {server.failure_code}"
+        )
+        try:
+            _place_again(
+                server,
+                node=server.node.name if same_node and server.node else None,
+                why=why if same_node else f"{why}: its node is not available, placed again elsewhere",
+            )
+        except ApiError as exc:
+            refused += 1
+            ModelServer.objects.filter(pk=server.pk, state=ServerState.FAILED).update(
+                failure_message=f"{server.failure_message.split(' | restart refused: ')[0]}"
+                f" | restart refused: {exc.code}: {exc.message}"[:2000]
+            )
+            logger.warning("restart of %s refused: %s %s", server.name, exc.code, exc.message)
+            continue
+        restarted += 1
+    raise_failed_alerts(now)
+    return {"restarted": restarted, "refused": refused}
+
+
+def raise_failed_alerts(now: datetime | None = None) -> None:
+    now = now or timezone.now()
+    failed = list(ModelServer.objects.filter(state=ServerState.FAILED).select_related("node"))
+    for server in failed:
+        due = next_restart_at(server)
+        if due is not None:
+            plan = (
+                f"Restart {server.restart_attempts + 1} of {settings.SERVER_RESTART_MAX_ATTEMPTS} at "
+                f"{timezone.localtime(due):%H:%M:%S}."
+            )
+        elif server.restart_policy == RestartPolicy.NEVER:
+            plan = "Its restart policy is never: restart, re-place or delete it."
+        elif server.failure_code not in RESTARTABLE:
+            plan = "This failure is not restarted automatically: fix the cause, then restart or re-place it."
+        else:
+            plan = (
+                f"Automatic restarts are exhausted ({server.restart_attempts}): "
+                "restart, re-place or delete it."
+            )
+        Alert.objects.raise_alert(
+            codes.ALERT_SERVER_FAILED,
+            Severity.WARNING,
+            "server",
+            str(server.pk),
+            server.name,
+            f"Server {server.name} failed on {server.node.name if server.node else 'no node'} "
+            f"({server.failure_code}: {server.failure_message}). {plan}"[:2000],
+            at=now,
+        )
+    failed_ids = {str(server.pk) for server in failed}
+    stale = (
+        Alert.objects.open()
+        .filter(code=codes.ALERT_SERVER_FAILED)
+        .exclude(subject_id__in=failed_ids)
+        .values_list("dedup_key", flat=True)
+    )
+    Alert.objects.clear(list(stale), at=now)
