@@ -115,6 +115,23 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
     return False
 
 
+def sweep_until(settings: Any, predicate: Callable[[], bool], timeout: float = 30) -> bool:
+    """Real time with short liveness limits: sweep the way beat does (often) until ``predicate`` holds.
+
+    Jumping the clock past the limits is not possible once real processes are listening: the web
+    workers stamp real time (apps.nodes.listening), and a sweep far ahead of the stamps sees a control
+    plane nobody was listening for."""
+    from apps.nodes.liveness import sweep
+
+    settings.NODE_STALE_AFTER, settings.NODE_OFFLINE_AFTER = 2, 3
+
+    def swept() -> bool:
+        sweep()
+        return predicate()
+
+    return wait_until(swept, timeout, interval=0.5)
+
+
 def process_stopped(pid: int) -> bool:
     """True while ``pid`` is stopped (SIGSTOP): the kill tests wait for a process to pause itself."""
     try:

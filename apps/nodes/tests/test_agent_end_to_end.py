@@ -7,18 +7,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import time_machine
-from django.conf import settings
 
 from apps.alerts.models import Alert
-from apps.nodes.liveness import sweep
 from apps.nodes.models import EnrollmentToken, Node
 from apps.nodes.tasks import ping_node
-from tests.fixtures import PYTHON, agent_environment, free_port, start_process, wait_until
+from tests.fixtures import PYTHON, agent_environment, free_port, start_process, sweep_until, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
 
@@ -50,7 +46,10 @@ def online(name: str) -> bool:
     return Node.objects.filter(name=name, liveness="online").exists()
 
 
-def test_an_agent_enrolls_reports_goes_offline_and_comes_back_with_the_same_identity(live_web, tmp_path):
+def test_an_agent_enrolls_reports_goes_offline_and_comes_back_with_the_same_identity(
+    live_web, tmp_path, settings
+):
+    test_settings = settings
     _, token = EnrollmentToken.objects.mint(note="end to end")
     env = agent_env(live_web, tmp_path, token, str(settings.CLUSTER_SECRET), "e2e-node")
     agent = start_agent(env, tmp_path / "agent-1.log")
@@ -72,13 +71,14 @@ def test_an_agent_enrolls_reports_goes_offline_and_comes_back_with_the_same_iden
     finally:
         stop(agent)
 
-    # Silence, then the sweep at controlled times.
-    last = Node.objects.get(name="e2e-node").last_heartbeat_at
-    assert last is not None
-    with time_machine.travel(last + timedelta(seconds=settings.NODE_STALE_AFTER + 1), tick=False):
-        assert [name for _, name in sweep().stale] == ["e2e-node"]
-    with time_machine.travel(last + timedelta(seconds=settings.NODE_OFFLINE_AFTER + 1), tick=False):
-        assert [name for _, name in sweep().offline] == ["e2e-node"]
+    # Silence, then sweeps in real time with short limits (stale after 2 s, offline after 3 s).
+    assert sweep_until(test_settings, lambda: not online("e2e-node"))
+    assert sweep_until(
+        test_settings, lambda: Node.objects.filter(name="e2e-node", liveness="offline").exists()
+    )
+    assert list(
+        Node.objects.get(name="e2e-node").events.filter(kind="liveness").values_list("to_liveness", flat=True)
+    )[:2] == ["offline", "stale"]
     alert = Alert.objects.open().get(code="node_offline")
     assert alert.severity == "critical" and alert.subject_name == "e2e-node"
     assert not Node.objects.get(name="e2e-node").is_assignable()

@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from apps.alerts.models import Alert
-from apps.nodes.liveness import sweep
+from apps.nodes.liveness import SweepResult, sweep
 from apps.nodes.models import Node
 from apps.nodes.tests.factories import beat, make_node
 
@@ -22,6 +22,21 @@ pytestmark = pytest.mark.django_db
 def clock():
     with time_machine.travel(timezone.now(), tick=False) as traveller:
         yield traveller
+
+
+def sweeping(clock, seconds: float, step: float = 5) -> SweepResult:
+    """Let ``seconds`` pass as they do in production: a sweep every ``step`` seconds (the beat's interval).
+    A jump without sweeps would be a control plane that was away, which restarts every grace period."""
+    total = SweepResult()
+    passed = 0.0
+    while passed < seconds:
+        shift = min(step, seconds - passed)
+        clock.shift(timedelta(seconds=shift))
+        passed += shift
+        moved = sweep()
+        total.stale += moved.stale
+        total.offline += moved.offline
+    return total
 
 
 def liveness(node: Node) -> str:
@@ -45,23 +60,22 @@ def test_a_silent_node_goes_stale_then_offline_and_raises_its_alerts_once(clock,
     node, credential = make_node(name="gpu-7")
     beat(credential)
 
-    clock.shift(timedelta(seconds=settings.NODE_STALE_AFTER + 1))
-    assert sweep().stale == [(str(node.pk), "gpu-7")]
+    assert sweeping(clock, settings.NODE_STALE_AFTER + 1).stale == [(str(node.pk), "gpu-7")]
     assert liveness(node) == "stale"
     stale_alert = Alert.objects.open().get(code="NODE_STALE")
     assert (stale_alert.severity, stale_alert.subject_name) == ("warning", "gpu-7")
     assert not node.is_assignable()
 
-    clock.shift(timedelta(seconds=settings.NODE_OFFLINE_AFTER))
-    assert sweep().offline == [(str(node.pk), "gpu-7")]
+    assert sweeping(clock, settings.NODE_OFFLINE_AFTER - settings.NODE_STALE_AFTER).offline == [
+        (str(node.pk), "gpu-7")
+    ]
     assert liveness(node) == "offline"
     offline_alert = Alert.objects.open().get(code="node_offline")
     assert offline_alert.severity == "critical"
     assert "gpu-7" in offline_alert.message
 
     # Sweeping again changes nothing and duplicates nothing.
-    clock.shift(timedelta(seconds=60))
-    again = sweep()
+    again = sweeping(clock, 60)
     assert (again.stale, again.offline) == ([], [])
     assert Alert.objects.filter(code="node_offline").count() == 1
     transitions = list(
@@ -73,8 +87,7 @@ def test_a_silent_node_goes_stale_then_offline_and_raises_its_alerts_once(clock,
 def test_the_next_heartbeat_clears_node_offline_and_brings_the_node_back(clock, settings):
     node, credential = make_node()
     beat(credential)
-    clock.shift(timedelta(seconds=settings.NODE_OFFLINE_AFTER + 1))
-    sweep()
+    sweeping(clock, settings.NODE_OFFLINE_AFTER + 1)
     assert liveness(node) == "offline"
     assert Alert.objects.open().filter(code="node_offline").exists()
 
@@ -91,6 +104,8 @@ def test_the_next_heartbeat_clears_node_offline_and_brings_the_node_back(clock, 
 def test_an_online_node_silent_past_both_limits_goes_straight_to_offline(clock, settings):
     node, credential = make_node()
     beat(credential)
+    sweep()  # the control plane was listening all along: the sweep ran just now
+    settings.LISTENING_GAP = settings.NODE_OFFLINE_AFTER + 10  # a long sweep interval, not an outage
     clock.shift(timedelta(seconds=settings.NODE_OFFLINE_AFTER + 1))
     result = sweep()
     assert result.offline and not result.stale
@@ -110,12 +125,14 @@ def test_the_sweep_is_set_based_its_statement_count_does_not_grow_with_nodes(clo
         for i in range(count):
             _, credential = make_node(name=f"{prefix}-{i}")
             beat(credential)
-        clock.shift(timedelta(seconds=settings.NODE_OFFLINE_AFTER + 1))
+        sweeping(clock, settings.NODE_OFFLINE_AFTER - 4)
+        clock.shift(timedelta(seconds=5))
         with CaptureQueriesContext(connection) as queries:
             moved = sweep()
         assert len(moved.offline) == count
         return len(queries.captured_queries)
 
+    settings.LIVENESS_MASS_LOSS_MIN_NODES = 1000  # the guard is tested on its own
     assert statements_for(1, "a") == statements_for(40, "b")
 
 

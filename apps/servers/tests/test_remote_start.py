@@ -8,17 +8,14 @@ import json
 import os
 import signal
 import urllib.request
-from datetime import timedelta
 
 import httpx
 import pytest
-import time_machine
 from django.conf import settings
 
-from apps.nodes.liveness import sweep
 from apps.nodes.models import EnrollmentToken, Node
 from apps.servers.models import ModelServer
-from tests.fixtures import PYTHON, agent_environment, start_process, wait_until
+from tests.fixtures import PYTHON, agent_environment, start_process, sweep_until, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
 
@@ -91,7 +88,7 @@ def test_a_model_missing_on_the_node_is_refused_by_its_key(
 
 
 def test_servers_of_a_node_that_goes_offline_are_failed_in_the_books(
-    celery_worker_process, agent_node, operator_client
+    celery_worker_process, agent_node, operator_client, settings
 ):
     operator_client.post(
         "/api/v1/servers", {"name": "echo-3", "profile": "test-echo", "model": "tiny-model"}, format="json"
@@ -99,10 +96,7 @@ def test_servers_of_a_node_that_goes_offline_are_failed_in_the_books(
     assert wait_until(lambda: state_of("echo-3") == "running", 60), celery_worker_process.log()[-3000:]
     os.killpg(agent_node.process.pid, signal.SIGTERM)
     agent_node.process.wait(20)
-    last = Node.objects.get(name="worker-node").last_heartbeat_at
-    assert last is not None
-    with time_machine.travel(last + timedelta(seconds=settings.NODE_OFFLINE_AFTER + 1), tick=False):
-        sweep()
+    assert sweep_until(settings, lambda: state_of("echo-3") == "failed")
     server = ModelServer.objects.get(name="echo-3")
     assert server.state == "failed" and server.failure_code == "NODE_OFFLINE"
     assert server.events.filter(to_state="failed").exists()
@@ -118,7 +112,7 @@ def test_a_server_its_agent_no_longer_runs_is_failed_not_kept_running(
         "/api/v1/servers", {"name": "echo-4", "profile": "test-echo", "model": "tiny-model"}, format="json"
     )
     assert wait_until(lambda: state_of("echo-4") == "running", 60), celery_worker_process.log()[-3000:]
-    assert reconcile() == {"failed": 0, "orphans_stopped": 0}  # the agent runs it: nothing to change
+    assert reconcile() == NOTHING  # the agent runs it: nothing to change
 
     # The agent restarts (its servers stop with it) and comes back with the same identity.
     os.killpg(agent_node.process.pid, signal.SIGTERM)
@@ -128,7 +122,7 @@ def test_a_server_its_agent_no_longer_runs_is_failed_not_kept_running(
         node = Node.objects.get(name="worker-node")
         before = node.last_heartbeat_at
         assert wait_until(lambda: Node.objects.get(name="worker-node").last_heartbeat_at != before, 30)
-        assert reconcile() == {"failed": 1, "orphans_stopped": 0}
+        assert reconcile() == {**NOTHING, "failed": 1}
         server = ModelServer.objects.get(name="echo-4")
         assert server.state == "failed" and server.failure_code == "PROCESS_LOST"
     finally:
@@ -136,19 +130,93 @@ def test_a_server_its_agent_no_longer_runs_is_failed_not_kept_running(
         restarted.process.wait(20)
 
 
-def test_a_process_the_books_no_longer_hold_as_live_is_stopped(
+NOTHING = {"failed": 0, "adopted": 0, "recorded": 0, "stopped": 0}
+
+
+def place_and_run(operator_client, name: str, celery_worker_process) -> ModelServer:
+    created = operator_client.post(
+        "/api/v1/servers", {"name": name, "profile": "test-echo", "model": "tiny-model"}, format="json"
+    )
+    assert created.status_code == 201, created.content
+    assert wait_until(lambda: state_of(name) == "running", 60), celery_worker_process.log()[-3000:]
+    return ModelServer.objects.get(name=name)
+
+
+def answers(server: ModelServer) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{server.port}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_a_process_failed_only_in_the_books_is_adopted_not_stopped(
     celery_worker_process, agent_node, operator_client
 ):
     from apps.servers.tasks import reconcile
 
-    operator_client.post(
-        "/api/v1/servers", {"name": "echo-5", "profile": "test-echo", "model": "tiny-model"}, format="json"
-    )
-    assert wait_until(lambda: state_of("echo-5") == "running", 60), celery_worker_process.log()[-3000:]
-    server = ModelServer.objects.get(name="echo-5")
+    server = place_and_run(operator_client, "echo-5", celery_worker_process)
     # As after NODE_OFFLINE while the agent was only unreachable: the books say failed, the process runs.
     server.fail("NODE_OFFLINE", "its node went offline")
-    assert httpx.get(f"http://127.0.0.1:{server.port}/health", timeout=2).status_code == 200
-    assert reconcile() == {"failed": 0, "orphans_stopped": 1}
-    with pytest.raises(httpx.ConnectError):
-        httpx.get(f"http://127.0.0.1:{server.port}/health", timeout=2)
+    assert answers(server)
+    assert reconcile() == {**NOTHING, "adopted": 1}
+    server.refresh_from_db()
+    assert (server.state, server.failure_code) == ("running", "")
+    assert answers(server)
+    assert server.events.filter(to_state="running", detail__startswith="adopted").exists()
+
+
+def test_a_process_the_books_never_saw_is_re_recorded_from_the_agent(
+    celery_worker_process, agent_node, operator_client
+):
+    """Books restored from a backup older than the server: it is recorded again, never stopped."""
+    from apps.servers.tasks import reconcile
+
+    server = place_and_run(operator_client, "echo-6", celery_worker_process)
+    pk, port = server.pk, server.port
+    ModelServer.objects.filter(pk=pk).delete()
+    assert reconcile() == {**NOTHING, "recorded": 1}
+    again = ModelServer.objects.get(pk=pk)
+    assert (again.name, again.profile, again.model, again.state, again.port) == (
+        "echo-6",
+        "test-echo",
+        "tiny-model",
+        "running",
+        port,
+    )
+    assert again.node is not None and again.node.name == "worker-node"
+    assert again.events.filter(detail__startswith="re-recorded from the agent of worker-node").exists()
+    assert answers(again)
+    assert reconcile() == NOTHING  # recorded once
+
+
+def test_a_process_is_stopped_when_an_operator_deleted_its_server(
+    celery_worker_process, agent_node, operator_client
+):
+    from apps.servers import recovery
+    from apps.servers.models import ServerTombstone
+    from apps.servers.tasks import reconcile
+
+    server = place_and_run(operator_client, "echo-7", celery_worker_process)
+    server.fail("NODE_OFFLINE", "its node went offline")  # the operator cannot reach it: deletes it anyway
+    recovery.delete(ModelServer.objects.get(pk=server.pk), by="alice")
+    assert ServerTombstone.objects.filter(server_id=server.pk, deleted_by="alice").exists()
+    assert answers(server)
+    assert reconcile() == {**NOTHING, "stopped": 1}
+    assert not answers(server)
+    assert not ModelServer.objects.filter(pk=server.pk).exists()
+
+
+def test_a_process_is_stopped_when_an_operator_stopped_its_server(
+    celery_worker_process, agent_node, operator_client
+):
+    from apps.servers.tasks import reconcile
+
+    server = place_and_run(operator_client, "echo-8", celery_worker_process)
+    # The stop reached the books but not the agent (the agent was away when it was sent).
+    server.transition("stopping", detail="stop requested by alice")
+    server.transition("stopped", detail="stopped by its agent")
+    assert answers(server)
+    assert reconcile() == {**NOTHING, "stopped": 1}
+    assert not answers(server)
+    event = server.events.filter(detail__contains="the copy on worker-node stopped").get()
+    assert "stop requested by alice" in event.detail

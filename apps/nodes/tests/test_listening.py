@@ -1,0 +1,184 @@
+"""Silence is counted only while the control plane was listening; many nodes silent at once are held.
+
+Written against the refusals of issue 12: a restore, a control-plane restart or a database outage
+longer than the offline limit must not take a healthy node offline, and a mass loss is the control
+plane's suspicion of itself until an operator confirms it.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import time_machine
+from django.utils import timezone
+
+from apps.alerts.models import Alert
+from apps.nodes import listening
+from apps.nodes.liveness import sweep
+from apps.nodes.models import ListeningClock, Node
+from apps.nodes.tests.factories import beat, make_node
+from apps.nodes.tests.test_liveness import sweeping
+from apps.servers.models import ModelServer
+from modelforge.errors import ApiError
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def clock():
+    with time_machine.travel(timezone.now(), tick=False) as traveller:
+        yield traveller
+
+
+def states() -> dict[str, str]:
+    return dict(Node.objects.values_list("name", "liveness"))
+
+
+def fleet(count: int) -> list[str]:
+    credentials = []
+    for i in range(count):
+        _, credential = make_node(name=f"n{i}")
+        beat(credential)
+        credentials.append(credential)
+    return credentials
+
+
+def test_sweeps_resuming_after_a_gap_give_every_node_a_full_grace_period(clock, settings):
+    (credential,) = fleet(1)
+    sweep()
+    # The worker (or beat, broker, database) is away for longer than the offline limit.
+    clock.shift(timedelta(seconds=settings.NODE_OFFLINE_AFTER * 2))
+    assert sweep().offline == [] and sweep().stale == []
+    assert states() == {"n0": "online"}
+    reason = ListeningClock.objects.get().listening_reason
+    assert "no liveness sweep for" in reason
+    # Silence now counts from the resumption: stale after the stale limit, offline after the offline limit.
+    assert sweeping(clock, settings.NODE_STALE_AFTER - 5).stale == []
+    assert [n for _, n in sweeping(clock, 10).stale] == ["n0"]
+    assert [
+        n for _, n in sweeping(clock, settings.NODE_OFFLINE_AFTER - settings.NODE_STALE_AFTER).offline
+    ] == ["n0"]
+    beat(credential)
+    assert states() == {"n0": "online"}
+
+
+def test_a_node_reporting_within_its_new_grace_period_never_goes_offline(clock, settings):
+    (credential,) = fleet(1)
+    sweep()
+    clock.shift(timedelta(seconds=300))  # the database was down; the agent backed off meanwhile
+    sweeping(clock, settings.NODE_STALE_AFTER - 5)
+    beat(credential)  # its back-off (at most three intervals) ends inside the grace period
+    sweeping(clock, settings.NODE_OFFLINE_AFTER - 10)
+    assert states() == {"n0": "stale"}  # silent again since that heartbeat, but never offline
+    assert not Alert.objects.filter(code="node_offline").exists()
+
+
+def test_no_web_process_listening_holds_every_transition(clock, settings):
+    fleet(1)
+    listening.web_tick()
+    sweep()
+    # Every web process is gone (the stamps stop); the worker keeps sweeping.
+    moved = sweeping(clock, settings.NODE_OFFLINE_AFTER * 2)
+    assert (moved.stale, moved.offline) == ([], [])
+    assert states() == {"n0": "online"}
+    assert ListeningClock.objects.get().listening_reason == "no web process listening"
+    # The web processes come back: their first stamp restarts the grace period.
+    listening.web_tick()
+    row = ListeningClock.objects.get()
+    assert row.listening_since == timezone.now()
+    assert row.listening_reason == "web processes started listening after a gap"
+
+
+def test_web_stamps_without_a_gap_do_not_move_listening_since(clock, settings):
+    listening.web_tick()
+    first = ListeningClock.objects.get().listening_since
+    clock.shift(timedelta(seconds=5))
+    listening.web_tick()
+    assert ListeningClock.objects.get().listening_since == first
+
+
+def test_a_restore_switch_over_restarts_the_grace_period_of_restored_nodes(clock, settings):
+    (credential,) = fleet(1)
+    sweep()
+    # What a restore does: the books come back with a heartbeat as old as the backup.
+    Node.objects.update(last_heartbeat_at=timezone.now() - timedelta(hours=20))
+    listening.resumed("restore 7 switched the database over")
+    moved = sweeping(clock, settings.NODE_STALE_AFTER - 5)
+    assert (moved.stale, moved.offline) == ([], [])
+    # The gateway keeps routing to it meanwhile: the node is heard, though its reading is old.
+    assert Node.objects.heard().filter(name="n0").exists()
+    assert not Node.objects.assignable().filter(name="n0").exists()  # placement still wants a reading
+    beat(credential)
+    assert Node.objects.assignable().filter(name="n0").exists()
+
+
+def test_two_of_three_nodes_silent_at_once_are_held_stale_with_one_critical_alert(clock, settings):
+    credentials = fleet(3)
+    sweep()
+    server = ModelServer.objects.create(
+        name="on-n0", profile="test-echo", model="m", node=Node.objects.get(name="n0"), state="running"
+    )
+    for _ in range(int(settings.NODE_OFFLINE_AFTER / 5) + 4):
+        clock.shift(timedelta(seconds=5))
+        beat(credentials[2])  # only n2 still reports
+        sweep()
+    assert states() == {"n0": "stale", "n1": "stale", "n2": "online"}
+    server.refresh_from_db()
+    assert server.state == "running"
+    (alert,) = Alert.objects.open().filter(code="NODE_MASS_LOSS")
+    assert alert.severity == "critical"
+    assert alert.message.startswith("2 of 3 online nodes went silent at once")
+    assert not Alert.objects.filter(code="node_offline").exists()
+    assert ListeningClock.objects.get().hold_nodes == 2
+
+    confirmed = listening.confirm_mass_loss(by="alice")
+    assert (confirmed.confirmed_by, confirmed.hold_since) == ("alice", None)
+    assert not Alert.objects.open().filter(code="NODE_MASS_LOSS").exists()
+    with pytest.raises(ApiError) as refused:
+        listening.confirm_mass_loss(by="alice")  # nothing is held any more
+    assert refused.value.code == "NODE_MASS_LOSS_NOT_HELD"
+
+    clock.shift(timedelta(seconds=5))
+    beat(credentials[2])
+    moved = sweep()
+    assert sorted(n for _, n in moved.offline) == ["n0", "n1"]
+    server.refresh_from_db()
+    assert (server.state, server.failure_code) == ("failed", "NODE_OFFLINE")
+    assert Alert.objects.open().filter(code="node_offline").count() == 2
+
+
+def test_nodes_that_come_back_clear_the_hold(clock, settings):
+    credentials = fleet(3)
+    sweep()
+    for _ in range(int(settings.NODE_OFFLINE_AFTER / 5) + 2):
+        clock.shift(timedelta(seconds=5))
+        beat(credentials[2])
+        sweep()
+    assert Alert.objects.open().filter(code="NODE_MASS_LOSS").exists()
+    for credential in credentials:
+        beat(credential)
+    sweep()
+    assert not Alert.objects.open().filter(code="NODE_MASS_LOSS").exists()
+    assert states() == {"n0": "online", "n1": "online", "n2": "online"}
+    assert ListeningClock.objects.get().hold_since is None
+
+
+def test_one_of_three_silent_is_an_ordinary_offline(clock, settings):
+    credentials = fleet(3)
+    sweep()
+    for _ in range(int(settings.NODE_OFFLINE_AFTER / 5) + 2):
+        clock.shift(timedelta(seconds=5))
+        beat(credentials[1])
+        beat(credentials[2])
+        sweep()
+    assert states() == {"n0": "offline", "n1": "online", "n2": "online"}
+    assert not Alert.objects.filter(code="NODE_MASS_LOSS").exists()
+
+
+def test_a_fleet_smaller_than_the_minimum_is_never_held(clock, settings):
+    fleet(2)
+    sweep()
+    sweeping(clock, settings.NODE_OFFLINE_AFTER + 5)
+    assert states() == {"n0": "offline", "n1": "offline"}
+    assert not Alert.objects.filter(code="NODE_MASS_LOSS").exists()
