@@ -42,7 +42,9 @@ def _refuse_unless_failed(server: ModelServer, action: str) -> None:
 
 def _place_again(server: ModelServer, *, node: str | None, why: str) -> ModelServer:
     with transaction.atomic():
-        server = ModelServer.objects.select_for_update().select_related("artifact").get(pk=server.pk)
+        server = (
+            ModelServer.objects.select_for_update(of=("self",)).select_related("artifact").get(pk=server.pk)
+        )
         _refuse_unless_failed(server, "placed again")
         return place(
             Request(
