@@ -226,3 +226,18 @@ def test_offline_must_come_after_stale():
 def test_a_bench_cap_shorter_than_the_base_is_refused():
     env = good_production_env(MODELFORGE_LB_BASE_BENCH_S="60", MODELFORGE_LB_MAX_BENCH_S="30")
     assert problems_for(env) == [(INVALID_SETTING, "MODELFORGE_LB_MAX_BENCH_S")]
+
+
+@pytest.mark.parametrize("value", ["half", "0", "1", "1.5", "-0.2"])
+def test_a_mass_loss_fraction_outside_zero_to_one_is_invalid_and_named(value):
+    read = SettingsReader({"MODELFORGE_LIVENESS_MASS_LOSS_FRACTION": value})
+    assert read.fraction("MODELFORGE_LIVENESS_MASS_LOSS_FRACTION", 0.5) == 0.5
+    assert [(p.code, p.setting) for p in read.problems] == [
+        (INVALID_SETTING, "MODELFORGE_LIVENESS_MASS_LOSS_FRACTION")
+    ]
+
+
+def test_a_mass_loss_fraction_parses():
+    read = SettingsReader({"MODELFORGE_LIVENESS_MASS_LOSS_FRACTION": " 0.25 "})
+    assert read.fraction("MODELFORGE_LIVENESS_MASS_LOSS_FRACTION", 0.5) == 0.25
+    assert read.problems == []
