@@ -3,7 +3,9 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import path, reverse
 
-from apps.nodes.models import GPU, EnrollmentToken, Node, NodeEvent
+from apps.nodes import listening
+from apps.nodes.models import GPU, EnrollmentToken, ListeningClock, Node, NodeEvent
+from modelforge.errors import ApiError
 
 
 class GPUInline(admin.TabularInline):
@@ -96,3 +98,37 @@ class EnrollmentTokenAdmin(admin.ModelAdmin):
     def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[EnrollmentToken]) -> None:
         revoked = sum(token.revoke() for token in queryset)
         self.message_user(request, f"Revoked {revoked} token(s).")
+
+
+@admin.register(ListeningClock)
+class ListeningClockAdmin(admin.ModelAdmin):
+    list_display = (
+        "listening_since",
+        "listening_reason",
+        "web_seen_at",
+        "swept_at",
+        "hold_since",
+        "hold_nodes",
+    )
+    readonly_fields = [f.name for f in ListeningClock._meta.fields if f.name != "id"]
+    actions = ["confirm_mass_loss"]
+
+    def has_add_permission(self, request):
+        return False  # one row, kept by the web stamps and the sweeps
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.action(description="Confirm mass loss")
+    def confirm_mass_loss(self, request: HttpRequest, queryset: QuerySet[ListeningClock]) -> None:
+        try:
+            listening.confirm_mass_loss(by=request.user.get_username())
+        except ApiError as exc:
+            self.message_user(request, f"{exc.code}: {exc.message}", messages.ERROR)
+        else:
+            self.message_user(
+                request, "Mass node loss confirmed: the held nodes go offline at the next sweep."
+            )

@@ -9,12 +9,15 @@ from django.contrib.admin.views.decorators import staff_member_required
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from apps.alerts.models import Alert
+from apps.nodes import codes, listening
 from apps.nodes.filtersets import NodeFilterSet
-from apps.nodes.models import EnrollmentToken, Node
+from apps.nodes.models import EnrollmentToken, ListeningClock, Node
 from apps.nodes.tasks import ping_node
+from modelforge.errors import ApiError
 
 staff_required: Any = staff_member_required(login_url="dashboard:login")
 
@@ -23,7 +26,15 @@ staff_required: Any = staff_member_required(login_url="dashboard:login")
 def node_list(request: HttpRequest) -> HttpResponse:
     filterset = NodeFilterSet(request.GET, queryset=Node.objects.prefetch_related("gpus"))
     page = Paginator(filterset.qs, 50).get_page(request.GET.get("page"))
-    return render(request, "nodes/node_list.html", {"filter": filterset, "page": page, "active_nav": "nodes"})
+    context = {
+        "filter": filterset,
+        "page": page,
+        # Read, not created: a page view is not the web stamp that starts the clock.
+        "clock": ListeningClock.objects.filter(singleton=True).first(),
+        "mass_loss": Alert.objects.open().filter(code=codes.ALERT_NODE_MASS_LOSS).first(),
+        "active_nav": "nodes",
+    }
+    return render(request, "nodes/node_list.html", context)
 
 
 @staff_required
@@ -34,6 +45,8 @@ def node_detail(request: HttpRequest, pk: str) -> HttpResponse:
         "assignable": node.is_assignable(),
         "events": node.events.all()[:30],
         "alerts": Alert.objects.open().filter(subject_type="node", subject_id=str(node.pk)),
+        # The reverse relation only: what runs here is the servers app's, which nodes does not import.
+        "servers": node.servers.order_by("name"),
         "active_nav": "nodes",
     }
     return render(request, "nodes/node_detail.html", context)
@@ -55,6 +68,24 @@ def node_ping(request: HttpRequest, pk: str) -> HttpResponse:
     ping_node.delay(str(node.pk))
     messages.info(request, f"A signed ping to {node.name} is on its way; reload to see the result.")
     return redirect("nodes:detail", pk=node.pk)
+
+
+@staff_required
+@require_POST
+def mass_loss_confirm(request: HttpRequest) -> HttpResponse:
+    """The operator confirms the held mass loss (from the alerts page or the node list)."""
+    try:
+        listening.confirm_mass_loss(by=request.user.get_username())
+    except ApiError as exc:
+        messages.error(request, f"{exc.code}: {exc.message}")
+    else:
+        messages.success(request, "Mass node loss confirmed: the held nodes go offline at the next sweep.")
+    back = request.POST.get("next", "")
+    if url_has_allowed_host_and_scheme(
+        back, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return redirect(back)
+    return redirect("nodes:list")
 
 
 MINTED_SESSION_KEY = "nodes.minted_token"

@@ -1,9 +1,14 @@
-from django.contrib import admin
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from apps.servers import recovery
 from apps.servers.choices import TERMINAL
-from apps.servers.models import ModelServer, Reservation, ServerEvent
+from apps.servers.models import ModelServer, Reservation, ServerEvent, ServerTombstone
+from modelforge.errors import ApiError
 
 
 class ReservationInline(admin.TabularInline):
@@ -28,12 +33,23 @@ class ServerEventInline(admin.TabularInline):
 
 @admin.register(ModelServer)
 class ModelServerAdmin(admin.ModelAdmin):
-    list_display = ("name", "profile", "model", "state", "node", "gpus_wanted", "created_at", "failure_code")
-    list_filter = ("state", "profile")
+    list_display = (
+        "name",
+        "profile",
+        "model",
+        "state",
+        "node",
+        "gpus_wanted",
+        "created_at",
+        "failure_code",
+        "restart_policy",
+        "restart_attempts",
+    )
+    list_filter = ("state", "profile", "restart_policy")
     search_fields = ("name", "model", "node__name")
     readonly_fields = [f.name for f in ModelServer._meta.fields]
     inlines = [ReservationInline, ServerEventInline]
-    actions = ["stop_servers"]
+    actions = ["stop_servers", "restart_servers", "replace_servers", "delete_servers"]
 
     def has_add_permission(self, request):
         return False  # placing needs the scheduler's answer: use the dashboard or the API
@@ -49,3 +65,62 @@ class ModelServerAdmin(admin.ModelAdmin):
             server.request_stop(by=request.user.get_username())
             stopped += 1
         self.message_user(request, f"Stopping {stopped} server(s).")
+
+    def delete_model(self, request: HttpRequest, obj: ModelServer) -> None:
+        # The change form's Delete goes through recovery too: a failed server leaves its tombstone.
+        recovery.delete(obj, by=request.user.get_username())
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        # Django's bulk delete would skip the tombstone and the alert: "Delete (with tombstone)" replaces it.
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+    def _recover(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[ModelServer],
+        act: Callable[[ModelServer, str], Any],
+        verb: str,
+    ) -> None:
+        """One message per server: what was done, or the refusal's code and message."""
+        by = request.user.get_username()
+        for server in queryset.select_related("node"):
+            name = server.name
+            try:
+                result = act(server, by)
+            except ApiError as exc:
+                self.message_user(
+                    request, f"Could not {verb} {name}: {exc.code}: {exc.message}", messages.ERROR
+                )
+            else:
+                where = f" on {result.node}; starting" if isinstance(result, ModelServer) else ""
+                self.message_user(request, f"{verb.capitalize()}: {name}{where}.", messages.SUCCESS)
+
+    @admin.action(description="Restart (failed servers, on their own node)")
+    def restart_servers(self, request: HttpRequest, queryset: QuerySet[ModelServer]) -> None:
+        self._recover(request, queryset, recovery.restart, "restart")
+
+    @admin.action(description="Re-place (failed servers, wherever there is room)")
+    def replace_servers(self, request: HttpRequest, queryset: QuerySet[ModelServer]) -> None:
+        self._recover(request, queryset, recovery.replace, "re-place")
+
+    @admin.action(description="Delete (with tombstone)")
+    def delete_servers(self, request: HttpRequest, queryset: QuerySet[ModelServer]) -> None:
+        self._recover(request, queryset, recovery.delete, "delete")
+
+
+@admin.register(ServerTombstone)
+class ServerTombstoneAdmin(admin.ModelAdmin):
+    list_display = ("name", "server_id", "node", "deleted_by", "deleted_at")
+    search_fields = ("name", "server_id", "deleted_by")
+    readonly_fields = [f.name for f in ServerTombstone._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # reconcile stops the copy the tombstone names; the row is its record

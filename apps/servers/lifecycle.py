@@ -214,6 +214,7 @@ def reconcile_node(node: Node) -> Reconciled:
         if tombstone is not None:
             why = f"deleted by {tombstone.deleted_by} at {tombstone.deleted_at.isoformat(timespec='seconds')}"
             if _stop_copy(node, server_id, why):
+                tombstone.delete()
                 done.stopped += 1
             continue
         if found is None:

@@ -10,6 +10,7 @@ from apps.nodes.models import GPU, Node
 from apps.servers.choices import HOLDING, TRANSITIONS, RestartPolicy, ServerState
 from apps.servers.codes import INVALID_SERVER_STATE
 from modelforge.errors import ApiError
+from modelforge.errors import codes as error_codes
 
 
 class ModelServer(models.Model):
@@ -95,6 +96,21 @@ class ModelServer(models.Model):
         self.transition(
             ServerState.FAILED, detail=f"{code}: {message}", failure_code=code, failure_message=message
         )
+
+    def set_restart_policy(self, policy: str) -> bool:
+        """Whether the restart policy brings this server back after a failure; ``True`` if it changed.
+        Configuration, not a transition: any state may change it, and the recovery sweep reads it next."""
+        if policy not in RestartPolicy.values:
+            raise ApiError(
+                error_codes.VALIDATION_ERROR,
+                f"restart_policy: {policy!r} is not one of {', '.join(RestartPolicy.values)}.",
+                400,
+            )
+        if policy == self.restart_policy:
+            return False
+        self.restart_policy = policy
+        self.save(update_fields=["restart_policy"])
+        return True
 
 
 class Reservation(models.Model):

@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 RESTARTABLE = (codes.PROCESS_LOST, codes.NODE_OFFLINE, codes.LAUNCH_FAILED, "AGENT_UNREACHABLE")
 # A server that ran this long before failing starts its back-off again from the first step.
 HEALTHY_RUN_S = 600
+# Tombstones are dropped once their copy is stopped, or after this many days.
+TOMBSTONE_DAYS = 30
 
 
 def _refuse_unless_failed(server: ModelServer, action: str) -> None:
@@ -40,12 +42,15 @@ def _refuse_unless_failed(server: ModelServer, action: str) -> None:
         )
 
 
-def _place_again(server: ModelServer, *, node: str | None, why: str) -> ModelServer:
+def _place_again(server: ModelServer, *, node: str | None, why: str, reset: bool = False) -> ModelServer:
     with transaction.atomic():
         server = (
             ModelServer.objects.select_for_update(of=("self",)).select_related("artifact").get(pk=server.pk)
         )
         _refuse_unless_failed(server, "placed again")
+        if reset and server.restart_attempts:
+            ModelServer.objects.filter(pk=server.pk).update(restart_attempts=0)
+            server.restart_attempts = 0
         return place(
             Request(
                 name=server.name,
@@ -63,17 +68,18 @@ def _place_again(server: ModelServer, *, node: str | None, why: str) -> ModelSer
 
 
 def restart(server: ModelServer, by: str) -> ModelServer:
-    """Start a failed server again on its own node (headroom is checked there again)."""
+    """Start a failed server again on its own node (headroom is checked there again). An operator's
+    restart gives the restart policy its attempts back."""
     _refuse_unless_failed(server, "restarted")
     if server.node is None:
         raise ApiError(codes.INVALID_SERVER_STATE, f"Server {server.name} has no node; re-place it.", 409)
-    return _place_again(server, node=server.node.name, why=f"restart requested by {by}")
+    return _place_again(server, node=server.node.name, why=f"restart requested by {by}", reset=True)
 
 
 def replace(server: ModelServer, by: str) -> ModelServer:
     """Place a failed server again wherever the scheduler finds room (its old node included)."""
     _refuse_unless_failed(server, "re-placed")
-    return _place_again(server, node=None, why=f"re-place requested by {by}")
+    return _place_again(server, node=None, why=f"re-place requested by {by}", reset=True)
 
 
 def delete(server: ModelServer, by: str) -> None:
@@ -86,7 +92,16 @@ def delete(server: ModelServer, by: str) -> None:
             409,
         )
     with transaction.atomic():
-        if server.state == ServerState.FAILED:
+        locked = ModelServer.objects.select_for_update(of=("self",)).filter(pk=server.pk).first()
+        if locked is None:
+            return  # deleted meanwhile
+        if locked.state not in (ServerState.FAILED, ServerState.STOPPED):
+            raise ApiError(
+                codes.INVALID_SERVER_STATE,
+                f"Server {server.name} became {locked.state} meanwhile; stop it before deleting it.",
+                409,
+            )
+        if locked.state == ServerState.FAILED:
             ServerTombstone.objects.update_or_create(
                 server_id=server.pk,
                 defaults={"name": server.name, "node_id": server.node_id, "deleted_by": by[:150]},
@@ -162,6 +177,8 @@ def recover(now: datetime | None = None) -> dict[str, int]:
             continue
         restarted += 1
     raise_failed_alerts(now)
+    # A tombstone whose node never came back in a month is not worth keeping for ever.
+    ServerTombstone.objects.filter(deleted_at__lt=now - timedelta(days=TOMBSTONE_DAYS)).delete()
     return {"restarted": restarted, "refused": refused}
 
 

@@ -1,4 +1,5 @@
-"""Dashboard pages for model servers: list, place (with the scheduler's explanation), detail, stop."""
+"""Dashboard pages for model servers: list, place (with the scheduler's explanation), detail, stop, and
+the recovery of a failed server (restart, re-place, delete) and its restart policy."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from apps.servers import recovery
 from apps.servers.api.serializers import PlaceRequestSerializer
+from apps.servers.choices import RestartPolicy
 from apps.servers.filtersets import ModelServerFilterSet
 from apps.servers.models import ModelServer
-from apps.servers.scheduler import PlacementRefused, place
-from apps.servers.scheduler import Request as PlaceRequest
+from apps.servers.scheduler import PlacementRefused
+from apps.servers.usage import used_by
 from modelforge.errors import ApiError
 
 staff_required: Any = staff_member_required(login_url="dashboard:login")
@@ -47,7 +50,7 @@ def server_new(request: HttpRequest) -> HttpResponse:
         form = PlaceRequestSerializer(data=data)
         if not errors and form.is_valid():
             try:
-                server = place(PlaceRequest(**form.validated_data))
+                server = form.place()
             except PlacementRefused as exc:
                 refusal = {
                     "code": exc.code,
@@ -63,6 +66,7 @@ def server_new(request: HttpRequest) -> HttpResponse:
             errors.update(form.errors if not errors else {})
     context = {
         "profiles": sorted(settings.RUNTIME_PROFILES.values(), key=lambda p: p.name),
+        "restart_policies": RestartPolicy.choices,
         "refusal": refusal,
         "errors": errors,
         "values": request.POST,
@@ -79,6 +83,10 @@ def server_detail(request: HttpRequest, pk: str) -> HttpResponse:
         "server": server,
         "reservations": server.reservations.select_related("gpu"),
         "events": server.events.all()[:50],
+        "used_by": used_by(server),
+        "next_restart_at": recovery.next_restart_at(server),
+        "max_restart_attempts": settings.SERVER_RESTART_MAX_ATTEMPTS,
+        "restart_policies": RestartPolicy.choices,
         "active_nav": "servers",
     }
     return render(request, "servers/server_detail.html", context)
@@ -92,5 +100,39 @@ def server_stop(request: HttpRequest, pk: str) -> HttpResponse:
         server.request_stop(by=request.user.get_username())
         messages.info(request, f"Stopping {server.name}.")
     except ApiError as exc:
-        messages.error(request, exc.message)
+        messages.error(request, f"{exc.code}: {exc.message}")
+    return redirect("servers:detail", pk=server.pk)
+
+
+@staff_required
+@require_POST
+def server_recover(request: HttpRequest, pk: str, action: str) -> HttpResponse:
+    """Restart, re-place or delete a failed server (delete also a stopped one); a refusal is a message."""
+    server = get_object_or_404(ModelServer.objects.select_related("node"), pk=pk)
+    by = request.user.get_username()
+    try:
+        if action == "delete":
+            recovery.delete(server, by=by)
+            messages.success(request, f"{server.name} deleted.")
+            return redirect("servers:list")
+        place_again = recovery.restart if action == "restart" else recovery.replace
+        server = place_again(server, by=by)
+    except ApiError as exc:
+        messages.error(request, f"{exc.code}: {exc.message}")
+    else:
+        messages.success(request, f"{server.name} placed again on {server.node}; starting.")
+    return redirect("servers:detail", pk=pk)
+
+
+@staff_required
+@require_POST
+def server_restart_policy(request: HttpRequest, pk: str) -> HttpResponse:
+    server = get_object_or_404(ModelServer, pk=pk)
+    try:
+        changed = server.set_restart_policy(request.POST.get("restart_policy", ""))
+    except ApiError as exc:
+        messages.error(request, f"{exc.code}: {exc.message}")
+    else:
+        if changed:
+            messages.success(request, f"{server.name}: restart policy {server.restart_policy}.")
     return redirect("servers:detail", pk=server.pk)

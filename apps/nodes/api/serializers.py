@@ -6,7 +6,7 @@ from urllib.parse import urlsplit
 from rest_framework import serializers
 
 from apps.nodes.choices import Accelerator
-from apps.nodes.models import GPU, EnrollmentToken, Node, NodeEvent
+from apps.nodes.models import GPU, EnrollmentToken, ListeningClock, Node, NodeEvent
 
 NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 
@@ -170,3 +170,21 @@ class MintedTokenSerializer(EnrollmentTokenSerializer):
 
     class Meta(EnrollmentTokenSerializer.Meta):
         fields = [*EnrollmentTokenSerializer.Meta.fields, "token"]
+
+
+class ListeningClockSerializer(serializers.ModelSerializer):
+    """Since when the control plane has been able to hear its nodes, and the mass-loss hold."""
+
+    class Meta:
+        model = ListeningClock
+        fields = [
+            "listening_since",
+            "listening_reason",
+            "web_seen_at",
+            "swept_at",
+            "hold_since",
+            "hold_nodes",
+            "confirmed_at",
+            "confirmed_by",
+        ]
+        read_only_fields = fields

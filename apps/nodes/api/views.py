@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from apps.nodes import listening
 from apps.nodes.api import serializers as s
 from apps.nodes.enrollment import enroll
 from apps.nodes.filtersets import EnrollmentTokenFilterSet, NodeFilterSet
@@ -78,6 +79,25 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
         node = self.get_object()
         result = ping_node.delay(str(node.pk))
         return Response({"task_id": result.id}, status=status.HTTP_202_ACCEPTED)
+
+
+class ListeningView(APIView):
+    """Since when the control plane has been able to hear its nodes (silence is counted from there), and
+    the mass-loss hold: nodes that went silent at once, held stale until an operator confirms the loss."""
+
+    @extend_schema(responses=s.ListeningClockSerializer, operation_id="nodes_listening")
+    def get(self, request: Request) -> Response:
+        return Response(s.ListeningClockSerializer(listening.current()).data)
+
+
+class MassLossConfirmView(APIView):
+    """The operator confirms that the nodes held by ``NODE_MASS_LOSS`` are really gone: the next sweep
+    may take them offline. ``409 NODE_MASS_LOSS_NOT_HELD`` when nothing is held."""
+
+    @extend_schema(request=None, responses=s.ListeningClockSerializer, operation_id="nodes_mass_loss_confirm")
+    def post(self, request: Request) -> Response:
+        clock = listening.confirm_mass_loss(by=_operator(request))
+        return Response(s.ListeningClockSerializer(clock).data)
 
 
 class EnrollmentTokenViewSet(

@@ -1,11 +1,20 @@
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
+from django.db import transaction
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.artifacts.models import Artifact
+from apps.nodes.api.serializers import StrictSerializer
+from apps.servers import recovery
+from apps.servers.choices import RestartPolicy
 from apps.servers.models import ModelServer, ServerEvent
+from apps.servers.scheduler import Request as PlaceRequest
+from apps.servers.scheduler import place
+from apps.servers.usage import used_by
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 
@@ -24,6 +33,11 @@ class PlaceRequestSerializer(serializers.Serializer):
         allow_null=True,
         help_text="Serve this artifact: model name, size and encryption come from it.",
     )
+    restart_policy = serializers.ChoiceField(
+        choices=RestartPolicy.choices,
+        default=RestartPolicy.ON_FAILURE,
+        help_text="on-failure: restarted after a restartable failure, with back-off; never: left failed.",
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if not attrs.get("model") and not attrs.get("artifact"):
@@ -36,6 +50,23 @@ class PlaceRequestSerializer(serializers.Serializer):
             raise serializers.ValidationError("A model server with this name exists.")
         return value
 
+    def place(self) -> ModelServer:
+        """Place the server from the validated data (or raise the scheduler's refusal). The scheduler's
+        request has no restart policy: it is set in the same transaction, so the start task (sent on
+        commit) and the recovery sweep never see the server without it."""
+        data = dict(self.validated_data)
+        policy = data.pop("restart_policy", RestartPolicy.ON_FAILURE)
+        with transaction.atomic():
+            server = place(PlaceRequest(**data))
+            server.set_restart_policy(policy)
+        return server
+
+
+class ServerChangeSerializer(StrictSerializer):
+    """What ``PATCH /servers/{id}`` may change: only the restart policy."""
+
+    restart_policy = serializers.ChoiceField(choices=RestartPolicy.choices)
+
 
 class ServerEventSerializer(serializers.ModelSerializer):
     class Meta:
@@ -46,6 +77,9 @@ class ServerEventSerializer(serializers.ModelSerializer):
 class ModelServerSerializer(serializers.ModelSerializer):
     node_name = serializers.CharField(source="node.name", read_only=True, default=None)
     gpu_indexes = serializers.SerializerMethodField()
+    next_restart_at = serializers.SerializerMethodField(
+        help_text="When the restart policy tries again; null when it will not."
+    )
 
     class Meta:
         model = ModelServer
@@ -68,6 +102,9 @@ class ModelServerSerializer(serializers.ModelSerializer):
             "pid",
             "failure_code",
             "failure_message",
+            "restart_policy",
+            "restart_attempts",
+            "next_restart_at",
             "created_at",
             "running_at",
             "stopped_at",
@@ -77,14 +114,43 @@ class ModelServerSerializer(serializers.ModelSerializer):
     def get_gpu_indexes(self, server: ModelServer) -> list[int]:
         return sorted(r.gpu.index for r in server.reservations.all() if r.gpu is not None)
 
+    def get_next_restart_at(self, server: ModelServer) -> datetime | None:
+        return recovery.next_restart_at(server)
+
+
+class ClusterUseSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    member = serializers.CharField()
+
+
+class CapabilityUseSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    tier = serializers.IntegerField()
+    via = serializers.ChoiceField(
+        choices=["server", "cluster"], help_text="Bound as a standalone server, or through its cluster."
+    )
+    cluster = serializers.CharField(allow_null=True)
+
+
+class UsedBySerializer(serializers.Serializer):
+    clusters = ClusterUseSerializer(many=True)
+    capabilities = CapabilityUseSerializer(many=True)
+
 
 class ModelServerDetailSerializer(ModelServerSerializer):
     placement_explanation = serializers.JSONField(read_only=True)
     events = serializers.SerializerMethodField()
+    used_by = serializers.SerializerMethodField()
 
     class Meta(ModelServerSerializer.Meta):
-        fields = [*ModelServerSerializer.Meta.fields, "placement_explanation", "events"]
+        fields = [*ModelServerSerializer.Meta.fields, "placement_explanation", "used_by", "events"]
         read_only_fields = fields
+
+    @extend_schema_field(UsedBySerializer)
+    def get_used_by(self, server: ModelServer) -> dict[str, Any]:
+        return UsedBySerializer(used_by(server)).data
 
     def get_events(self, server: ModelServer) -> list[dict[str, Any]]:
         return ServerEventSerializer(server.events.all()[:50], many=True).data  # type: ignore[return-value]

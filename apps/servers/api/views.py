@@ -9,15 +9,20 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.servers import recovery
 from apps.servers.api import serializers as s
 from apps.servers.filtersets import ModelServerFilterSet
 from apps.servers.models import ModelServer
-from apps.servers.scheduler import Request as PlaceRequest
-from apps.servers.scheduler import place
+
+
+def _operator(request: Request) -> str:
+    return str(getattr(request.user, "username", None) or request.user)
 
 
 class ModelServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Model servers. Create = place + start (or a named refusal with every node's reason); stop."""
+    """Model servers. Create = place + start (or a named refusal with every node's reason); stop; a failed
+    server is restarted on its node, re-placed wherever there is room, or deleted; change its restart
+    policy."""
 
     filterset_class = ModelServerFilterSet
 
@@ -31,12 +36,43 @@ class ModelServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         data = s.PlaceRequestSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        server = place(PlaceRequest(**data.validated_data))
+        server = data.place()
         return Response(s.ModelServerDetailSerializer(server).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.ServerChangeSerializer, responses={200: s.ModelServerDetailSerializer})
+    def partial_update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Change the restart policy (the only field a client may change)."""
+        data = s.ServerChangeSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        server = self.get_object()
+        server.set_restart_policy(data.validated_data["restart_policy"])
+        return Response(s.ModelServerDetailSerializer(server).data)
+
+    @extend_schema(request=None, responses={204: None})
+    def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Delete a failed or stopped server; a failed one leaves a tombstone, so a copy still running on
+        a node that was away is stopped when that node reports it."""
+        recovery.delete(self.get_object(), by=_operator(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=None, responses={202: s.ModelServerDetailSerializer})
     @action(detail=True, methods=["post"])
     def stop(self, request: Request, pk: Any = None) -> Response:
         server = self.get_object()
-        server.request_stop(by=str(getattr(request.user, "username", request.user)))
+        server.request_stop(by=_operator(request))
+        return Response(s.ModelServerDetailSerializer(server).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={202: s.ModelServerDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def restart(self, request: Request, pk: Any = None) -> Response:
+        """Start a failed server again on its own node (its headroom is checked there again)."""
+        server = recovery.restart(self.get_object(), by=_operator(request))
+        return Response(s.ModelServerDetailSerializer(server).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={202: s.ModelServerDetailSerializer})
+    @action(detail=True, methods=["post"])
+    def replace(self, request: Request, pk: Any = None) -> Response:
+        """Place a failed server again wherever the scheduler finds room; it keeps its identity, so its
+        clusters and capabilities still name it."""
+        server = recovery.replace(self.get_object(), by=_operator(request))
         return Response(s.ModelServerDetailSerializer(server).data, status=status.HTTP_202_ACCEPTED)

@@ -204,6 +204,8 @@ def test_a_process_is_stopped_when_an_operator_deleted_its_server(
     assert reconcile() == {**NOTHING, "stopped": 1}
     assert not answers(server)
     assert not ModelServer.objects.filter(pk=server.pk).exists()
+    assert not ServerTombstone.objects.exists()  # its work done
+    assert reconcile() == NOTHING
 
 
 def test_a_process_is_stopped_when_an_operator_stopped_its_server(
