@@ -206,3 +206,28 @@ def test_a_node_cut_off_has_its_server_re_placed_and_its_old_copy_stopped_once_t
         .events.filter(detail__startswith="the copy on drill-a stopped: placed again")
         .exists()
     )
+
+
+def test_books_naming_a_node_that_no_longer_runs_the_server_never_stop_the_live_copy(
+    celery_worker_process, three_agents, operator_client
+):
+    """Restored from a backup taken before a re-placement: the books say drill-a, the process runs on
+    drill-b. Reconciling drill-b first must not stop it on the books' word: drill-a's agent is asked."""
+    from apps.servers.lifecycle import reconcile_node
+
+    place(operator_client, "restored", node="drill-b")
+    assert wait_until(lambda: running("restored"), 60), celery_worker_process.log()[-3000:]
+    live = server("restored")
+    ModelServer.objects.filter(pk=live.pk).update(node=Node.objects.get(name="drill-a"), port=1, pid=1)
+
+    done = reconcile_node(Node.objects.get(name="drill-b"))
+    assert (done.stopped, done.adopted) == (0, 1)
+    back = server("restored")
+    assert back.node is not None and (back.node.name, back.port, back.state) == (
+        "drill-b",
+        live.port,
+        "running",
+    )
+    assert back.events.filter(detail__startswith="adopted on drill-b: the books named drill-a").exists()
+    assert answers(live.port)
+    assert reconcile() == {"failed": 0, "adopted": 0, "recorded": 0, "stopped": 0}

@@ -223,9 +223,15 @@ def reconcile_node(node: Node) -> Reconciled:
         server = found
         if server.node_id != node.pk:
             if server.state == ServerState.RUNNING:
-                why = f"placed again on {server.node.name if server.node else '?'}, where it runs now"
-                if _stop_copy(node, server_id, why, server):
-                    done.stopped += 1
+                # Only once the other node's agent itself says it runs the replacement: books restored
+                # from before a re-placement name the old node, where nothing may run any more.
+                there = _reported_state(server.node, server_id) if server.node else None
+                if there == "running":
+                    why = f"placed again on {server.node.name if server.node else '?'}, where it runs now"
+                    if _stop_copy(node, server_id, why, server):
+                        done.stopped += 1
+                elif there is not None:
+                    done.adopted += _re_point(server, node, seen, there)
             elif server.state == ServerState.FAILED and seen.get("state") == "running":
                 done.adopted += _adopt(server, node, seen, "its replacement did not run")
             continue  # the replacement is starting: the old copy serves until it runs
@@ -279,6 +285,42 @@ def _adopt(server: ModelServer, node: Node, seen: dict[str, Any], why: str) -> i
         return 0
     logger.warning("adopted server %s on node %s: its agent reports it running", server.name, node.name)
     server_state_changed.send(sender=ModelServer, server_id=server.pk)
+    return 1
+
+
+def _reported_state(node: Node, server_id: str) -> str | None:
+    """What ``node``'s agent says of ``server_id`` ("running", "failed", "unknown" ...), or None when the
+    agent cannot be asked (then nothing is decided on its account)."""
+    try:
+        reply = agent_client.call_agent(node, "POST", "/v1/servers/status", {"server_id": server_id})
+    except ApiError:
+        return None
+    if reply.status == 404:
+        return "unknown"
+    if reply.status != 200:
+        return None
+    return str(reply.body.get("state") or "unknown")
+
+
+def _re_point(server: ModelServer, node: Node, seen: dict[str, Any], there: str) -> int:
+    """The books say the server runs on another node, whose agent does not run it; this node's does."""
+    old = server.node.name if server.node else "?"
+    moved = ModelServer.objects.filter(pk=server.pk, state=ServerState.RUNNING, node=server.node).update(
+        node_id=node.pk, port=seen.get("port"), pid=seen.get("pid")
+    )
+    if not moved:
+        return 0
+    ServerEvent.objects.create(
+        server=server,
+        from_state=server.state,
+        to_state=server.state,
+        detail=(
+            f"adopted on {node.name}: the books named {old}, whose agent reports it {there}; "
+            f"the agent of {node.name} runs it"
+        )[:500],
+    )
+    server_state_changed.send(sender=ModelServer, server_id=server.pk)
+    logger.warning("server %s re-pointed from %s to %s: that is where it runs", server.name, old, node.name)
     return 1
 
 

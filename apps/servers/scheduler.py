@@ -508,6 +508,7 @@ def _record(
             detail=f"{request.why}; placing on {candidate.name}: {verdict.reason}"[:500],
             port=None,
             pid=None,
+            running_at=None,  # a restart's back-off resets only after a run of its own (recovery)
             failure_code="",
             failure_message="",
             **placed,
