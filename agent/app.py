@@ -28,7 +28,7 @@ from agent.client import (
 from agent.heartbeat import HeartbeatLoop, backoff_delay, heartbeat_payload
 from agent.home import AGENT_HOME_NOT_WRITABLE, check_writable
 from agent.identity import IDENTITY_FILE_INVALID, Identity, IdentityFileInvalid, load_identity, save_identity
-from agent.processes import ProcessManager
+from agent.processes import SERVERS_FILE_NAME, ProcessManager
 from agent.replicas import ReplicaManager
 from agent.server import AgentContext, AgentServer
 from agent.settings import (
@@ -229,7 +229,8 @@ def run(environ: Mapping[str, str], stop: threading.Event | None = None) -> int:
         identity = obtain_identity(settings, accelerator, client, stop)
         if identity is None:
             return EXIT_OK
-        processes = ProcessManager(settings.models_dir)
+        processes = ProcessManager(settings.models_dir, state_file=settings.state_volume / SERVERS_FILE_NAME)
+        processes.adopt()  # servers a crashed previous run left running are reported, not lost
         replicas = ReplicaManager(settings.models_dir, identity.credential, settings.control_plane_url)
         context = AgentContext(
             settings.cluster_secret,

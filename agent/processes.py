@@ -6,6 +6,7 @@ everything else on the GPU as external pressure (observed, never touched).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -24,6 +25,8 @@ from typing import Any
 logger = logging.getLogger("agent.processes")
 
 STARTING, RUNNING, FAILED, STOPPED = "starting", "running", "failed", "stopped"
+# In the state volume: the servers this agent runs, so that a run after a crash adopts them.
+SERVERS_FILE_NAME = "servers.json"
 
 
 def free_port() -> int:
@@ -32,12 +35,49 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat, field 22): with the pid, it
+    names one process for good (a pid alone may be reused after a reboot or a long uptime)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    if fields[0] == "Z":
+        return None  # exited; only its parent has not collected it yet
+    return int(fields[19])
+
+
+class AdoptedProcess:
+    """A model server a previous run of this agent started, still running after that run crashed: not
+    our child, so watched through /proc, and stopped through its process group like any other."""
+
+    def __init__(self, pid: int, ticks: int) -> None:
+        self.pid = pid
+        self.ticks = ticks
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and start_ticks(self.pid) != self.ticks:
+            self.returncode = -1  # gone (its exit status went to its real parent)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
+            time.sleep(0.2)
+        assert self.returncode is not None
+        return self.returncode
+
+
 @dataclass
 class ManagedServer:
     """One launched model server and what the agent knows of it."""
 
     server_id: str
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | AdoptedProcess
     port: int
     health_path: str
     state: str = STARTING
@@ -61,11 +101,83 @@ class ManagedServer:
 class ProcessManager:
     """Launches servers from a rendered template, watches their health, stops them on request."""
 
-    def __init__(self, models_dir: Path, start_timeout_s: float = 300) -> None:
+    def __init__(
+        self, models_dir: Path, start_timeout_s: float = 300, state_file: Path | None = None
+    ) -> None:
         self.models_dir = models_dir
         self.start_timeout_s = start_timeout_s
+        self.state_file = state_file
         self._servers: dict[str, ManagedServer] = {}
         self._lock = threading.Lock()
+
+    # --- surviving a crash of the agent itself --------------------------------------------------------
+    # Servers run in sessions of their own, so an agent killed with SIGKILL leaves them running. Their
+    # pids (with start times) are kept in the state volume; the next run adopts the ones still alive, so
+    # it reports them and the control plane neither loses nor duplicates them. A clean stop of the agent
+    # stops its servers and leaves an empty list.
+
+    def _save(self) -> None:
+        if self.state_file is None:
+            return
+        with self._lock:
+            entries = [
+                {
+                    "server_id": m.server_id,
+                    "pid": m.process.pid,
+                    "ticks": m.process.ticks
+                    if isinstance(m.process, AdoptedProcess)
+                    else start_ticks(m.process.pid),
+                    "port": m.port,
+                    "health_path": m.health_path,
+                    "model": m.model,
+                    "meta": m.meta,
+                }
+                for m in self._servers.values()
+                if m.process.poll() is None
+            ]
+        temporary = self.state_file.with_suffix(".tmp")
+        try:
+            temporary.write_text(json.dumps(entries))
+            os.replace(temporary, self.state_file)
+        except OSError as exc:
+            logger.warning("could not record the running servers in %s: %s", self.state_file, exc)
+
+    def adopt(self) -> list[str]:
+        """Take over the servers a crashed previous run left running; returns their ids."""
+        if self.state_file is None:
+            return []
+        try:
+            entries = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return []
+        adopted = []
+        for entry in entries if isinstance(entries, list) else []:
+            try:
+                pid, ticks, server_id = int(entry["pid"]), int(entry["ticks"]), str(entry["server_id"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if start_ticks(pid) != ticks:
+                continue  # it ended meanwhile, or the pid is another process now
+            managed = ManagedServer(
+                server_id,
+                AdoptedProcess(pid, ticks),
+                int(entry.get("port") or 0),
+                str(entry.get("health_path") or "/health"),
+                model=str(entry.get("model") or ""),
+                meta=dict(entry.get("meta") or {}),
+            )
+            with self._lock:
+                self._servers[server_id] = managed
+            threading.Thread(target=self._watch, args=(managed,), daemon=True).start()
+            adopted.append(server_id)
+            logger.warning(
+                "adopted server %s (pid %s on port %s), left running by a previous run",
+                server_id,
+                pid,
+                managed.port,
+            )
+        self._save()
+        return adopted
 
     def pids(self) -> frozenset[int]:
         """Every process of every live server: each runs in its own process group, so an engine's
@@ -130,6 +242,7 @@ class ProcessManager:
             self._servers[server_id] = managed
         threading.Thread(target=self._drain, args=(managed,), daemon=True).start()
         threading.Thread(target=self._watch, args=(managed,), daemon=True).start()
+        self._save()
         logger.info("launched server %s as pid %s on port %s", server_id, process.pid, port)
         return managed
 
@@ -148,6 +261,7 @@ class ProcessManager:
                 managed.process.wait()
         elif managed.state not in (FAILED, STOPPED):
             managed.state = STOPPED
+        self._save()
         return managed
 
     def stop_all(self) -> None:
@@ -155,7 +269,7 @@ class ProcessManager:
             self.stop(server_id, grace_s=5)
 
     def _drain(self, managed: ManagedServer) -> None:
-        assert managed.process.stdout is not None
+        assert isinstance(managed.process, subprocess.Popen) and managed.process.stdout is not None
         for raw in managed.process.stdout:
             managed.output.append(raw.decode(errors="replace").rstrip())
 

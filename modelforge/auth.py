@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hmac
-from typing import Any
+from typing import Any, NoReturn
 
 from django.conf import settings
 from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
+
+from modelforge import auththrottle
 
 
 class OperatorPrincipal:
@@ -25,7 +27,10 @@ class OperatorPrincipal:
 
 
 class OperatorKeyAuthentication(authentication.BaseAuthentication):
-    """``Authorization: Bearer <MODELFORGE_OPERATOR_API_KEY>``, compared in constant time."""
+    """``Authorization: Bearer <MODELFORGE_OPERATOR_API_KEY>``, compared in constant time.
+
+    An address with too many failures is refused (``429 TOO_MANY_AUTH_FAILURES``) before the key is
+    compared, so a right guess from it is refused like a wrong one (modelforge.auththrottle)."""
 
     keyword = "Bearer"
 
@@ -36,24 +41,38 @@ class OperatorKeyAuthentication(authentication.BaseAuthentication):
         scheme, _, presented = header.partition(" ")
         if scheme.lower() != "bearer":
             return None
+        source = auththrottle.source_of(request)
+        auththrottle.refuse_if_blocked(auththrottle.OPERATOR_API, source)
         presented = presented.strip()
         if not presented:
-            raise exceptions.AuthenticationFailed("The Bearer token is empty.")
+            self._refuse(source, "The Bearer token is empty.")
         expected = settings.OPERATOR_API_KEY
         if not expected:
-            raise exceptions.AuthenticationFailed(
-                "No operator API key is configured (MODELFORGE_OPERATOR_API_KEY); log in instead."
+            self._refuse(
+                source, "No operator API key is configured (MODELFORGE_OPERATOR_API_KEY); log in instead."
             )
         if not hmac.compare_digest(presented.encode(), expected.encode()):
-            raise exceptions.AuthenticationFailed("The operator API key is not valid.")
+            self._refuse(source, "The operator API key is not valid.")
         return OperatorPrincipal(), None
+
+    @staticmethod
+    def _refuse(source: str, message: str) -> NoReturn:
+        auththrottle.count_failure(auththrottle.OPERATOR_API, source)
+        raise exceptions.AuthenticationFailed(message)
 
     def authenticate_header(self, request: Request) -> str:
         return f'{self.keyword} realm="modelforge-operator"'
 
 
 class StaffSessionAuthentication(authentication.SessionAuthentication):
-    """A logged-in Django session (CSRF enforced, as DRF's SessionAuthentication does)."""
+    """A logged-in Django session (CSRF enforced, as DRF's SessionAuthentication does); refused like the
+    key from an address with too many failed authentications."""
+
+    def authenticate(self, request: Request) -> tuple[Any, Any] | None:
+        result = super().authenticate(request)
+        if result is not None:
+            auththrottle.refuse_if_blocked(auththrottle.OPERATOR_API, auththrottle.source_of(request))
+        return result
 
 
 class IsOperator(permissions.BasePermission):

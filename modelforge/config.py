@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -141,6 +142,21 @@ class SettingsReader:
         if value is None:
             return list(default)
         return [item.strip() for item in value.split(",") if item.strip()]
+
+    def paths(self, name: str) -> list[Path]:
+        """Absolute paths, comma separated; empty when unset. A relative entry is a problem and left out:
+        it would mean a different folder in each process's working directory."""
+        found: list[Path] = []
+        for item in self.csv(name, []):
+            if "\x00" in item or not os.path.isabs(item):
+                self.problem(
+                    INVALID_SETTING,
+                    name,
+                    f"{item!r} is not an absolute path; give absolute paths, comma separated",
+                )
+            else:
+                found.append(Path(item))
+        return found
 
     def url(self, name: str, default: str | None, *, schemes: tuple[str, ...]) -> str | None:
         """A URL whose scheme is one of ``schemes`` and that names a host (or a socket path)."""

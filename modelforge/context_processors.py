@@ -16,6 +16,7 @@ NAVIGATION: list[dict[str, str | None]] = [
     {"key": "backups", "label": "Backups", "url_name": "backups:list"},
     {"key": "migrations", "label": "Migrations", "url_name": None},
     {"key": "alerts", "label": "Alerts", "url_name": "alerts:list"},
+    {"key": "work", "label": "Work", "url_name": "dashboard:work"},
 ]
 
 

@@ -5,11 +5,15 @@
     python -m modelforge.devstack up|down # only the embedded services (for manage.py by hand)
 
 PostgreSQL and Redis come from PyPI wheels (``modelforge.embedded``) unless ``MODELFORGE_DATABASE_URL``
-/ ``MODELFORGE_REDIS_URL`` are set. Ctrl-C stops every process this started, services last.
+/ ``MODELFORGE_REDIS_URL`` are set. A process that exits is started again after a back-off; one that
+keeps crashing, a refused start (status 3), Ctrl-C or SIGTERM stops every process this started, services
+last.
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import os
 import re
 import secrets
@@ -17,9 +21,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-import urllib.error
 import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from modelforge.embedded import EmbeddedStack, EmbeddedStackError
@@ -28,8 +34,18 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
 
+# Our lines and the copied output of every process go out whole, one at a time.
+_OUTPUT = threading.Lock()
+
+
+def _write_line(line: str) -> None:
+    with _OUTPUT:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
 def say(message: str) -> None:
-    print(f"modelforge: {message}", flush=True)
+    _write_line(f"modelforge: {message}")
 
 
 def _secret_file(path: Path, length: int) -> str:
@@ -46,49 +62,274 @@ def _manage(env: dict[str, str], *args: str) -> None:
     subprocess.run([PYTHON, "manage.py", *args], cwd=ROOT, env=env, check=True)
 
 
-def _wait_http(url: str, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 -- our own loopback URL
+            return bool(response.status == 200)
+    except (OSError, http.client.HTTPException):  # URLError, a reset or a timeout: not answering yet
+        return False
+
+
+# A process that exits with this status refused its configuration (start-up validation, the database
+# check, the agent's refusals): started again, it would only print the same refusal.
+EXIT_REFUSED = 3
+# How many of a process's last output lines are quoted when it keeps crashing.
+LAST_LINES = 15
+
+
+def describe_status(code: int) -> str:
+    """``status 1``, or ``status -9 (SIGKILL)`` for a process killed by a signal."""
+    if code < 0:
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 -- our own loopback URL
-                if response.status == 200:
-                    return True
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return f"status {code} ({signal.Signals(-code).name})"
+        except ValueError:
             pass
-        time.sleep(0.5)
-    return False
+    return f"status {code}"
+
+
+def _signal_group(pgid: int, signum: int) -> bool:
+    """Signal every process left in a group; False when none was left."""
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _children_of(parent: int) -> list[tuple[int, str]]:
+    """``(pid, state)`` of every process whose parent is ``parent`` (Linux ``/proc``; empty elsewhere)."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            # The command name in parentheses may hold spaces: the fields that follow are read after it.
+            state, ppid = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, IndexError, ValueError):
+            continue
+        if int(ppid) == parent:
+            found.append((int(entry), state))
+    return found
+
+
+@dataclass
+class Ending:
+    """Why the supervision loop stops everything: the lines to say and the status ``make run`` exits with."""
+
+    lines: list[str]
+    code: int
+
+
+@dataclass(eq=False)
+class Child:
+    """One supervised process: how to start it again, its latest output, and when it crashed."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    process: subprocess.Popen[bytes]
+    output: deque[str] = field(default_factory=lambda: deque(maxlen=LAST_LINES))
+    crashes: deque[float] = field(default_factory=deque)
+    restart_at: float | None = None  # set while a crashed process waits out its back-off
+    leftovers: bool = False  # its group outlived it (gunicorn's workers, celery's pool)
+    reader: threading.Thread | None = None  # copies its output
 
 
 class Supervisor:
-    """Runs the platform's processes, each in its own session so only we receive Ctrl-C."""
+    """Runs the platform's processes, each in its own session so only we receive Ctrl-C, and starts one
+    that exits again.
 
-    def __init__(self, env: dict[str, str]) -> None:
+    1. A process that exits is a crash: what it left in its process group is sent SIGTERM (a web worker
+       left behind would hold the port the new master binds), and the process is started again after
+       ``first_delay`` seconds, doubled for each crash inside ``window`` (1, 2, 4, 8 s), at most
+       ``max_delay``; the group's leftovers are killed just before.
+    2. The ``crash_limit``-th crash inside ``window`` ends the run, quoting the process's last lines;
+       so does status 3, a refused start, at once: started again it would only refuse again.
+    3. Nothing here stops the embedded services: ``run()`` stops them after ``stop_all``, and only at a
+       real shutdown (Ctrl-C, SIGTERM or an ending), never because one process crashed.
+    """
+
+    def __init__(
+        self,
+        env: dict[str, str],
+        *,
+        first_delay: float = 1,
+        max_delay: float = 30,
+        crash_limit: int = 5,
+        window: float = 120,
+    ) -> None:
         self.env = env
-        self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.first_delay = first_delay
+        self.max_delay = max_delay
+        self.crash_limit = crash_limit
+        self.window = window
+        self.children: dict[str, Child] = {}
         self.stopping = False
+        self.adopting = False
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
-        self.children[name] = subprocess.Popen(argv, cwd=ROOT, env=env or self.env, start_new_session=True)
+        env = env or self.env
+        child = Child(name, argv, env, self._spawn(argv, env))
+        self.children[name] = child
+        self._follow(child)
 
-    def first_exited(self) -> tuple[str, int] | None:
-        for name, child in self.children.items():
-            code = child.poll()
+    def _spawn(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def _follow(self, child: Child) -> None:
+        """Copy the process's output to ours, line by line, keeping its last lines to quote."""
+        process = child.process
+
+        def copy() -> None:
+            assert process.stdout is not None
+            with process.stdout:
+                for raw in process.stdout:
+                    line = raw.decode(errors="replace").rstrip("\r\n")
+                    child.output.append(line)
+                    # Drained even when our own output is gone: a full pipe would stall the process.
+                    with contextlib.suppress(OSError, ValueError):
+                        _write_line(line)
+
+        child.reader = threading.Thread(target=copy, name=f"output of {child.name}", daemon=True)
+        child.reader.start()
+
+    def adopt_orphans(self) -> None:
+        """Become the parent of our children's orphans (Linux ``PR_SET_CHILD_SUBREAPER``).
+
+        The agent starts each model server in a session of its own, so a server outlives an agent that
+        crashed; without this it would pass to init and outlive ``make run`` too. Call it after the
+        embedded services have started: they daemonize, and must not become ours.
+        """
+        if not sys.platform.startswith("linux"):
+            return
+        import ctypes
+
+        pr_set_child_subreaper = 36
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.adopting = libc.prctl(pr_set_child_subreaper, 1, 0, 0, 0) == 0
+
+    def check(self) -> Ending | None:
+        """One turn of the loop: start again what has waited out its back-off, note what exited."""
+        now = time.monotonic()
+        for child in self.children.values():
+            if child.restart_at is not None:
+                if now >= child.restart_at:
+                    self._restart(child)
+                continue
+            code = child.process.poll()
             if code is not None:
-                return name, code
+                ending = self._exited(child, code, now)
+                if ending is not None:
+                    return ending
+        self._orphans()  # reaps the adopted ones that exited
         return None
 
+    def _exited(self, child: Child, code: int, now: float) -> Ending | None:
+        child.leftovers = _signal_group(child.process.pid, signal.SIGTERM)
+        if code == EXIT_REFUSED:
+            self._last_lines_copied(child)
+            return Ending([f"the {child.name} process exited with status {code}; stopping everything"], code)
+        while child.crashes and child.crashes[0] <= now - self.window:
+            child.crashes.popleft()
+        child.crashes.append(now)
+        count = len(child.crashes)
+        window = f"{self.window:g} s"
+        if count >= self.crash_limit:
+            self._last_lines_copied(child)
+            return Ending(
+                [
+                    f"the {child.name} process crashed {count} times within {window} "
+                    f"(last: {describe_status(code)}); stopping everything. Its last lines:",
+                    *(f"    {line}" for line in child.output),
+                ],
+                1,
+            )
+        delay = min(self.max_delay, self.first_delay * 2 ** (count - 1))
+        child.restart_at = now + delay
+        say(
+            f"the {child.name} process exited with {describe_status(code)}; restarting it in {delay:g} s "
+            f"(crash {count} of {self.crash_limit} within {window})"
+        )
+        return None
+
+    @staticmethod
+    def _last_lines_copied(child: Child) -> None:
+        """Wait (briefly: leftovers in its group may hold the pipe) until the process's last lines are
+        out, so that they come before the line that ends the run."""
+        if child.reader is not None:
+            child.reader.join(2)
+
+    def _restart(self, child: Child) -> None:
+        if child.leftovers:  # what ignored the SIGTERM during the back-off
+            _signal_group(child.process.pid, signal.SIGKILL)
+        child.restart_at, child.leftovers = None, False
+        child.process = self._spawn(child.argv, child.env)
+        self._follow(child)
+        say(f"restarted the {child.name} process (pid {child.process.pid})")
+
+    def _orphans(self) -> list[int]:
+        """The live processes we adopted (see ``adopt_orphans``); the dead ones are reaped here. Never
+        looked at unless adopting: another parent's zombie is not ours to reap."""
+        if not self.adopting:
+            return []
+        ours = {child.process.pid for child in self.children.values()}
+        live = []
+        for pid, state in _children_of(os.getpid()):
+            if pid in ours:
+                continue
+            if state == "Z":
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+            else:
+                live.append(pid)
+        return live
+
     def stop_all(self, grace: float = 15) -> None:
-        for child in self.children.values():
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
+        """SIGTERM every process and wait ``grace`` seconds, then SIGKILL its group; then stop what crashed
+        processes left running (a killed agent's model servers), so nothing outlives the embedded services."""
+        running = [child for child in self.children.values() if child.process.poll() is None]
+        for child in running:
+            child.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
-        for child in self.children.values():
-            remaining = max(0.1, deadline - time.monotonic())
+        for child in running:
             try:
-                child.wait(remaining)
+                child.process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+                _signal_group(child.process.pid, signal.SIGKILL)
+                child.process.wait()
+        for child in self.children.values():
+            if child in running or child.leftovers:
+                _signal_group(child.process.pid, signal.SIGKILL)
+        orphans = self._orphans()
+        if not orphans:
+            return
+        say(f"stopping what crashed processes left running: pid {', '.join(map(str, orphans))}")
+        for pid in orphans:
+            _stop_process(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while orphans and time.monotonic() < deadline:
+            time.sleep(0.2)
+            orphans = self._orphans()
+        for pid in orphans:
+            _stop_process(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while self._orphans() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def _stop_process(pid: int, signum: int) -> None:
+    """Signal ``pid`` with its whole group when it leads one (a model server and the workers it spawned)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)
 
 
 def _base_env(home: Path) -> dict[str, str]:
@@ -118,6 +359,11 @@ def run() -> int:
     # provide: a missing one is refused as DESTINATION_UNAVAILABLE, never created behind their back).
     if not env.get("MODELFORGE_BACKUP_ROOT"):
         (home / "backups").mkdir(parents=True, exist_ok=True)
+    # Local artifact sources are read only under a root (empty: none). make run's is <home>/imports, a
+    # folder of its own: the data folder itself holds the secrets, the store and the databases.
+    if "MODELFORGE_ARTIFACT_LOCAL_ROOTS" not in env:
+        env["MODELFORGE_ARTIFACT_LOCAL_ROOTS"] = str(home / "imports")
+        (home / "imports").mkdir(parents=True, exist_ok=True)
     try:
         stack = EmbeddedStack.from_environment(home, env)
         env.update(stack.start())
@@ -125,6 +371,7 @@ def run() -> int:
         say(f"could not start the embedded services: {exc}")
         return 1
     supervisor = Supervisor(env)
+    supervisor.adopt_orphans()
 
     def _stop(signum: int, frame: object) -> None:
         supervisor.stopping = True
@@ -169,19 +416,28 @@ def run() -> int:
         )
         supervisor.start("beat", [PYTHON, "-m", "celery", "-A", "modelforge", "beat", "-l", "INFO"])
         url = f"http://{host}:{port}/"
-        healthy = _wait_http(url + "healthz", 60)
-        if healthy and env.get("MODELFORGE_LOCAL_AGENT", "true").lower() not in ("0", "false", "no", "off"):
-            supervisor.start("agent", [PYTHON, "-m", "agent"], env=_local_agent_env(env, home, url))
-        if healthy:
-            say(f"ModelForge is running at {url}  (admin {url}admin/, API {url}api/v1/schema/)")
-            say(f"operator API key: {home / 'secrets' / 'operator-api-key'}; Ctrl-C stops everything")
+        local_agent = env.get("MODELFORGE_LOCAL_AGENT", "true").lower() not in ("0", "false", "no", "off")
+        healthy = False
+        next_probe = 0.0
         while not supervisor.stopping:
-            exited = supervisor.first_exited()
-            if exited:
-                name, code = exited
-                say(f"the {name} process exited with status {code}; stopping everything")
-                code = code or 1
+            ending = supervisor.check()
+            if ending is not None:
+                for line in ending.lines:
+                    say(line)
+                code = ending.code
                 break
+            # The agent enrolls through the web process, so it starts once that answers (a web process
+            # that crashed while starting is started again by check()).
+            if not healthy and time.monotonic() >= next_probe:
+                next_probe = time.monotonic() + 1
+                healthy = _answers(url + "healthz")
+                if healthy:
+                    if local_agent:
+                        supervisor.start(
+                            "agent", [PYTHON, "-m", "agent"], env=_local_agent_env(env, home, url)
+                        )
+                    say(f"ModelForge is running at {url}  (admin {url}admin/, API {url}api/v1/schema/)")
+                    say(f"operator API key: {home / 'secrets' / 'operator-api-key'}; Ctrl-C stops everything")
             time.sleep(0.5)
     except subprocess.CalledProcessError as exc:
         say(f"a set-up step failed ({' '.join(map(str, exc.cmd[1:]))}: status {exc.returncode})")

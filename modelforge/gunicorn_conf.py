@@ -44,4 +44,11 @@ def post_worker_init(worker: object) -> None:
     # stamps, as after a restart of every web process, restarts the nodes' grace period.
     from apps.nodes.listening import WebTicker
 
-    WebTicker().start()
+    if settings.LISTENING_STAMPS:
+        WebTicker().start()
+
+    # ...and watches the platform's own stores and processes (apps.core.outages): BROKER_UNREACHABLE,
+    # DATABASE_UNREACHABLE (recorded when it answers again), WORKER_MISSING, BEAT_MISSING.
+    from apps.core.outages import OutageTicker
+
+    OutageTicker().start()

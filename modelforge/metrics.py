@@ -11,12 +11,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.db.models import Count
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
 from prometheus_client.registry import Collector
-from rest_framework.decorators import api_view, renderer_classes
 from rest_framework.renderers import BaseRenderer
+from rest_framework.request import Request
+from rest_framework.views import APIView
 
 
 class PlatformCollector(Collector):
@@ -74,7 +77,17 @@ class PrometheusRenderer(BaseRenderer):
     format = "prometheus"
 
 
-@api_view(["GET"])
-@renderer_classes([PrometheusRenderer])
-def metrics(request: HttpRequest) -> HttpResponse:
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+class MetricsView(APIView):
+    """The platform's state in Prometheus's text format; GET and HEAD only."""
+
+    # Not ``@api_view``: that always adds OPTIONS, whose metadata answer the Prometheus renderer cannot
+    # render (it was a 500). Any method not named here is the 405 envelope with ``Allow: GET, HEAD``.
+    renderer_classes = [PrometheusRenderer]
+    http_method_names = ["get", "head"]
+
+    @extend_schema(responses={(200, CONTENT_TYPE_LATEST): OpenApiTypes.STR}, summary="Prometheus metrics")
+    def get(self, request: Request) -> HttpResponse:
+        return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+
+
+metrics = MetricsView.as_view()

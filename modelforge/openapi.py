@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiSerializerExtension
+from drf_spectacular.utils import OpenApiResponse
 
 ENVELOPE = {
     "type": "object",
@@ -37,6 +38,9 @@ ERROR_STATUSES = {
 def declare_error_envelope(
     result: dict[str, Any], generator: Any, request: Any, public: bool
 ) -> dict[str, Any]:
+    """Every operation documents the envelope for every error status it can answer, and every optional
+    query parameter says that an empty value is the same as leaving it out (DRF and django-filter read
+    ``?state=`` so; tests/test_api_fuzz.py holds the schema to it)."""
     components = result.setdefault("components", {})
     components.setdefault("schemas", {})["Error"] = ENVELOPE
     ref = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
@@ -44,9 +48,74 @@ def declare_error_envelope(
         for operation in path_item.values():
             if not isinstance(operation, dict) or "responses" not in operation:
                 continue
-            for status, description in ERROR_STATUSES.items():
+            statuses = dict(ERROR_STATUSES)
+            if "requestBody" in operation:
+                statuses["415"] = "The body is not JSON (Content-Type: application/json)"
+            for status, description in statuses.items():
                 operation["responses"].setdefault(status, {"description": description, "content": ref})
+            for parameter in operation.get("parameters", []):
+                if parameter.get("in") == "query" and not parameter.get("required"):
+                    parameter.setdefault("allowEmptyValue", True)
     return result
+
+
+def error_response(description: str) -> OpenApiResponse:
+    """An error status an operation answers beyond ERROR_STATUSES, with the envelope as its body."""
+    return OpenApiResponse(response={"$ref": "#/components/schemas/Error"}, description=description)
+
+
+# Characters PrintableText refuses (modelforge.validators), as a JSON Schema character class: controls
+# (Cc), U+2028/U+2029 and the bidi controls; free text keeps tab, line feed and carriage return.
+_REFUSED = "\\u0000-\\u001f\\u007f-\\u009f\\u2028\\u2029\\u061c\\u200e\\u200f\\u202a-\\u202e\\u2066-\\u2069"
+_REFUSED_IN_FREE_TEXT = (
+    "\\u0000-\\u0008\\u000b\\u000c\\u000e-\\u001f\\u007f-\\u009f\\u2028\\u2029"
+    "\\u061c\\u200e\\u200f\\u202a-\\u202e\\u2066-\\u2069"
+)
+# What str.strip() removes: a field that may not be blank needs one character besides these.
+_WHITESPACE = (
+    "\\t\\n\\u000b\\u000c\\r\\u001c-\\u001f \\u0085\\u00a0\\u1680\\u2000-\\u200a"
+    "\\u2028\\u2029\\u202f\\u205f\\u3000"
+)
+
+
+def printable_pattern(*, free_text: bool, allow_blank: bool) -> str:
+    """The pattern of a PrintableText field: no refused character, and one that is not white space
+    unless the field may be blank (DRF trims before its blank check)."""
+    refused = _REFUSED_IN_FREE_TEXT if free_text else _REFUSED
+    if allow_blank:
+        return f"^[^{refused}]*$"
+    return f"^[^{refused}]*[^{refused}{_WHITESPACE}][^{refused}]*$"
+
+
+class PrintableTextSchema(OpenApiSerializerExtension):
+    """The request schema of a ``PrintableText`` serializer states what the server enforces beyond the
+    fields' own types: the printable-text pattern on every writable text field without a pattern of its
+    own, and the serializer's ``openapi_rules`` (``openapi_partial_rules`` for PATCH): rules across
+    fields, such as ``anyOf`` required keys or ``additionalProperties: false``."""
+
+    target_class = "modelforge.validators.PrintableText"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> Any:
+        from rest_framework import serializers
+
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        if direction != "request":
+            return schema
+        serializer = self.target
+        properties = schema.get("properties", {})
+        free_text = getattr(serializer, "free_text_fields", ())
+        for name, field in serializer.fields.items():
+            prop = properties.get(name)
+            if prop is None or field.read_only or not isinstance(field, serializers.CharField):
+                continue
+            if "pattern" not in prop:
+                prop["pattern"] = printable_pattern(
+                    free_text=name in free_text, allow_blank=bool(field.allow_blank)
+                )
+        partial = getattr(serializer, "partial", False)
+        schema.update(getattr(serializer, "openapi_partial_rules" if partial else "openapi_rules", {}))
+        return schema
 
 
 class OperatorKeyScheme(OpenApiAuthenticationExtension):

@@ -8,13 +8,14 @@ docs/CONFIGURATION.md lists every setting.
 from __future__ import annotations
 
 import warnings
+from datetime import timedelta
 from pathlib import Path
 
 import environ
 
 from apps.servers.profiles import load_profiles
 from modelforge import startup
-from modelforge.config import SettingsReader
+from modelforge.config import INVALID_SETTING, SettingsReader
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 RELEASE = "0.1.0"
@@ -52,8 +53,17 @@ WEB_WORKERS = read.integer("MODELFORGE_WEB_WORKERS", 2, minimum=1, maximum=64)
 BIND = read.string("MODELFORGE_BIND", f"{HOST}:{PORT}")
 LOG_LEVEL: str = read.choice("MODELFORGE_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
 DATA_UPLOAD_MAX_MEMORY_SIZE = read.integer("MODELFORGE_MAX_REQUEST_BYTES", 1_048_576, minimum=1024)
+# The largest page an API list answers (``?limit=``); a larger limit is refused, not cut short.
+API_MAX_PAGE_SIZE = read.integer("MODELFORGE_API_MAX_PAGE_SIZE", 500, minimum=1, maximum=10_000)
 SECURE_COOKIES = read.boolean("MODELFORGE_SECURE_COOKIES", PRODUCTION)
 CELERY_TASK_ALWAYS_EAGER = False
+# Log-in throttling (django-axes): this many failed passwords for one username from one address lock that
+# pair out for the cool-off (seconds). The API counts failed credentials per address in Redis
+# (modelforge.auththrottle): the failure that reaches the limit blocks the address for the window.
+LOGIN_FAILURE_LIMIT = read.integer("MODELFORGE_LOGIN_FAILURE_LIMIT", 5, minimum=1, maximum=1000)
+LOGIN_COOLOFF = read.integer("MODELFORGE_LOGIN_COOLOFF", 900, minimum=1, maximum=7 * 86400)
+API_AUTH_FAILURE_LIMIT = read.integer("MODELFORGE_API_AUTH_FAILURE_LIMIT", 10, minimum=1, maximum=10_000)
+API_AUTH_FAILURE_WINDOW = read.integer("MODELFORGE_API_AUTH_FAILURE_WINDOW", 300, minimum=1, maximum=86400)
 
 # Nodes: how often agents report, and when silence makes a node stale, then offline (CONFIGURATION.md
 # explains the defaults: stale after three missed intervals plus a margin, so jitter never flaps).
@@ -64,6 +74,24 @@ LIVENESS_SWEEP_INTERVAL = read.integer("MODELFORGE_LIVENESS_SWEEP_INTERVAL", 5, 
 # The control plane's own absence is not the nodes' (docs/CONFIGURATION.md, "Liveness"): a gap longer than
 # this in the web processes' listening stamp or in the sweeps restarts every node's grace period.
 LISTENING_GAP = read.integer("MODELFORGE_LISTENING_GAP", 20, minimum=3, maximum=3600)
+# Off only for a test harness whose web process shares a database with tests that move the clock; a
+# control plane without the stamps cannot tell its own absence from its nodes' (refused in production).
+LISTENING_STAMPS = read.boolean("MODELFORGE_LISTENING_STAMPS", True)
+if PRODUCTION and not LISTENING_STAMPS:
+    read.problem(
+        INVALID_SETTING,
+        "MODELFORGE_LISTENING_STAMPS",
+        "must stay true in production: without the web processes' stamps an outage of the control plane "
+        "would be taken for an outage of the fleet",
+    )
+if LISTENING_GAP <= 2 * LIVENESS_SWEEP_INTERVAL:
+    # Every sweep would look like the end of a gap and restart every grace period: nothing would go offline.
+    read.problem(
+        INVALID_SETTING,
+        "MODELFORGE_LISTENING_GAP",
+        f"{LISTENING_GAP} s must be more than twice MODELFORGE_LIVENESS_SWEEP_INTERVAL "
+        f"({LIVENESS_SWEEP_INTERVAL} s), or every sweep restarts the nodes' grace period",
+    )
 # One sweep taking more than this share of online nodes offline at once (in a fleet of at least
 # LIVENESS_MASS_LOSS_MIN_NODES) is suspected as the control plane's fault: held stale, one alert.
 LIVENESS_MASS_LOSS_FRACTION = read.fraction("MODELFORGE_LIVENESS_MASS_LOSS_FRACTION", 0.5)
@@ -97,6 +125,9 @@ ARTIFACT_MAX_BYTES = read.integer("MODELFORGE_ARTIFACT_MAX_BYTES", 200 * 2**30, 
 ARTIFACT_REQUIRE_LICENCE = read.boolean("MODELFORGE_ARTIFACT_REQUIRE_LICENCE", False)
 ARTIFACT_TIMEOUT_S = read.integer("MODELFORGE_ARTIFACT_TIMEOUT_S", 30, minimum=1, maximum=3600)
 ARTIFACT_HF_ENDPOINT = read.string("MODELFORGE_ARTIFACT_HF_ENDPOINT", "https://huggingface.co") or ""
+# The only folders a local source may be read from (apps/artifacts/local_roots.py); empty: none. make run
+# sets <home>/imports. Never the data folder, its secrets, the store, the backups or the agent's state.
+ARTIFACT_LOCAL_ROOTS = read.paths("MODELFORGE_ARTIFACT_LOCAL_ROOTS")
 # Backups (docs/operations/RUNBOOK_DATABASE_RESTORE.md): where snapshots go, when the newest verified one
 # is stale (26 h: a daily schedule plus slack), retention, and PostgreSQL's tools of the server's major.
 BACKUP_ROOT = Path(read.string("MODELFORGE_BACKUP_ROOT", str(MODELFORGE_HOME / "backups")) or "")
@@ -121,6 +152,13 @@ SERVER_START_TIMEOUT = read.integer("MODELFORGE_SERVER_START_TIMEOUT", 300, mini
 NOTIFY_INTERVAL = read.integer("MODELFORGE_NOTIFY_INTERVAL", 15, minimum=1, maximum=3600)
 NOTIFY_TIMEOUT_S = read.integer("MODELFORGE_NOTIFY_TIMEOUT_S", 5, minimum=1, maximum=120)
 NOTIFY_MAX_ATTEMPTS = read.integer("MODELFORGE_NOTIFY_MAX_ATTEMPTS", 8, minimum=1, maximum=100)
+# Outages of the platform's own processes and stores (apps/core/outages.py): every web process checks the
+# database, the broker and the worker's and beat's stamps this often; a worker or beat silent for longer
+# than its limit is WORKER_MISSING / BEAT_MISSING. The worker is probed, and beat stamps, at least three
+# times per limit (at most every 60 s and 15 s), so one late probe never raises them.
+OUTAGE_CHECK_INTERVAL = read.integer("MODELFORGE_OUTAGE_CHECK_INTERVAL", 10, minimum=1, maximum=300)
+WORKER_MISSING_AFTER = read.integer("MODELFORGE_WORKER_MISSING_AFTER", 180, minimum=5, maximum=86400)
+BEAT_MISSING_AFTER = read.integer("MODELFORGE_BEAT_MISSING_AFTER", 120, minimum=5, maximum=86400)
 EMAIL_URL = read.url("MODELFORGE_EMAIL_URL", None, schemes=("smtp", "smtp+tls", "smtp+ssl"))
 DEFAULT_FROM_EMAIL = read.string("MODELFORGE_EMAIL_FROM", "modelforge@localhost") or "modelforge@localhost"
 if EMAIL_URL:  # django-environ reads smtp://, smtp+tls:// (STARTTLS) and smtp+ssl:// URLs
@@ -144,6 +182,8 @@ MODELFORGE_CONFIG_PROBLEMS = startup.collect_problems(
     cluster_secret=CLUSTER_SECRET,
     liveness=(HEARTBEAT_INTERVAL, NODE_STALE_AFTER, NODE_OFFLINE_AFTER),
     lb_bench=(LB_BASE_BENCH_S, LB_MAX_BENCH_S),
+    artifact_local_roots=ARTIFACT_LOCAL_ROOTS,
+    home=MODELFORGE_HOME,
     database=_database,
     redis_url=REDIS_URL,
 )
@@ -161,6 +201,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "django_celery_beat",
+    "axes",
     "apps.core",
     "apps.alerts",
     "apps.nodes",
@@ -185,6 +226,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Replaces a locked-out log-in's response with the lockout page (AXES_LOCKOUT_CALLABLE).
+    "axes.middleware.AxesMiddleware",
     # Innermost: turns exceptions raised by views into envelopes (or the plain 500) before Django's
     # DEBUG pages can render them.
     "modelforge.middleware.ExceptionMiddleware",
@@ -271,6 +314,22 @@ LOGIN_URL = "dashboard:login"
 LOGIN_REDIRECT_URL = "dashboard:home"
 LOGOUT_REDIRECT_URL = "dashboard:login"
 
+# django-axes guards the dashboard's and the admin's log-in forms (docs/DECISIONS.md says why these
+# choices). Its backend goes first: a locked-out pair is refused before any password is checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(seconds=LOGIN_COOLOFF)
+# Username and address together: an attacker elsewhere cannot lock the operator out, and one address
+# cannot try more than the limit against any one account.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+# Attempts refused during a lockout are not counted: the time the lockout page gives stays true.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "apps.core.views.login_locked_out"
+
 SESSION_COOKIE_SECURE = SECURE_COOKIES
 CSRF_COOKIE_SECURE = SECURE_COOKIES
 SESSION_COOKIE_HTTPONLY = True
@@ -290,9 +349,11 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["modelforge.auth.IsOperator"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # DRF's JSON parser with the nesting depth and NUL characters bounded (JSON_TOO_DEEP, VALIDATION_ERROR).
+    "DEFAULT_PARSER_CLASSES": ["modelforge.parsers.BoundedJSONParser"],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # limit 1..API_MAX_PAGE_SIZE, offset 0..bigint: out of range is a 400 naming the parameter.
+    "DEFAULT_PAGINATION_CLASS": "modelforge.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "modelforge.errors.drf_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -324,7 +385,21 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = "UTC"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "socket_connect_timeout": 3}
+# Work is never stranded (apps.core.work): a waiting row's task is re-sent after WORK_RESEND_AFTER, and it
+# raises WORK_STUCK after WORK_STUCK_AFTER (long tasks: acquisitions, verifications, WORK_LONG_TASK_BOUND).
+WORK_WATCH_INTERVAL = read.integer("MODELFORGE_WORK_WATCH_INTERVAL", 30, minimum=5, maximum=3600)
+WORK_RESEND_AFTER = read.integer("MODELFORGE_WORK_RESEND_AFTER", 60, minimum=10, maximum=86400)
+WORK_STUCK_AFTER = read.integer("MODELFORGE_WORK_STUCK_AFTER", 600, minimum=30, maximum=7 * 86400)
+WORK_LONG_TASK_BOUND = read.integer(
+    "MODELFORGE_WORK_LONG_TASK_BOUND", 6 * 3600, minimum=60, maximum=7 * 86400
+)
+# Redis re-delivers an unacknowledged task after the visibility timeout even while it still runs, so it
+# must be longer than the longest task (a restore or acquisition of hours); the watchdog, not
+# re-delivery, is what recovers work from a killed worker.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": WORK_LONG_TASK_BOUND * 2,
+    "socket_connect_timeout": 3,
+}
 CELERY_BEAT_SCHEDULER = "modelforge.beat:Scheduler"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
@@ -337,6 +412,7 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile-servers": {"task": "servers.reconcile", "schedule": 30.0},
     "recover-servers": {"task": "servers.recover", "schedule": float(SERVER_RECOVER_INTERVAL)},
     "check-capabilities": {"task": "clusters.check_capabilities", "schedule": float(SERVER_RECOVER_INTERVAL)},
+    "watch-work": {"task": "core.watch_work", "schedule": float(WORK_WATCH_INTERVAL)},
     "clear-settled-churn": {"task": "clusters.clear_settled_churn", "schedule": 60.0},
     "backup-housekeeping": {"task": "backups.housekeeping", "schedule": 60.0},
     "notify-alerts": {"task": "alerts.notify", "schedule": float(NOTIFY_INTERVAL)},

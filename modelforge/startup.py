@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
 from modelforge.config import (
@@ -63,6 +64,8 @@ def collect_problems(
     cluster_secret: str | None = None,
     liveness: tuple[int, int, int] = (10, 35, 90),
     lb_bench: tuple[int, int] | None = None,
+    artifact_local_roots: list[Path] | None = None,
+    home: Path | None = None,
 ) -> list[Problem]:
     """Every configuration problem: those found while parsing, then the rules spanning settings.
 
@@ -145,6 +148,8 @@ def collect_problems(
             f"{lb_bench[1]} s is shorter than MODELFORGE_LB_BASE_BENCH_S ({lb_bench[0]} s); "
             "the cap must be at least the base bench time",
         )
+    if artifact_local_roots and home is not None:
+        _local_root_problems(read, artifact_local_roots, home)
     if debug and production:
         read.problem(
             INSECURE_PRODUCTION_SETTING,
@@ -166,6 +171,38 @@ def collect_problems(
         )
     # The reader's own list, not a copy: settings read after this call still report their problems.
     return read.problems
+
+
+def _local_root_problems(read: SettingsReader, roots: list[Path], home: Path) -> None:
+    """A local artifact root must never hold ModelForge's secrets (``<home>/secrets``): judged with every
+    link resolved, since that is how a source under it is judged (apps/artifacts/local_roots.py)."""
+    secrets = _resolved(home / "secrets")
+    for root in roots:
+        real = _resolved(root)
+        if real is None or secrets is None:
+            read.problem(INVALID_SETTING, "MODELFORGE_ARTIFACT_LOCAL_ROOTS", f"{root} cannot be resolved")
+            continue
+        if real == secrets:
+            relation = "is the secrets folder"
+        elif real in secrets.parents:
+            relation = f"contains the secrets folder ({secrets})"
+        elif secrets in real.parents:
+            relation = f"is inside the secrets folder ({secrets})"
+        else:
+            continue
+        read.problem(
+            INVALID_SETTING,
+            "MODELFORGE_ARTIFACT_LOCAL_ROOTS",
+            f"{root} {relation}; name the folders that hold model weights, not the data folder "
+            f"(for example {home / 'imports'})",
+        )
+
+
+def _resolved(path: Path) -> Path | None:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None
 
 
 def refusal_text(problems: list[Problem]) -> str:

@@ -186,6 +186,14 @@ def live_web(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) ->
         MODELFORGE_LOG_LEVEL="INFO",
         # Benching for seconds, not the default 30: the sin-bin tests watch backends come back.
         MODELFORGE_LB_BASE_BENCH_S="2",
+        # The session's web process outlives the limits with no worker or beat beside it: without these,
+        # its outage checks would raise WORKER_MISSING / BEAT_MISSING into other tests' alerts.
+        MODELFORGE_WORKER_MISSING_AFTER="86400",
+        MODELFORGE_BEAT_MISSING_AFTER="86400",
+        # Its listening stamps (real time) would tell the liveness tests, which move the clock, that no
+        # web process was listening. The stamps are drilled with web processes of their own
+        # (bench/recovery's scenario, tests/test_drill_restore.py).
+        MODELFORGE_LISTENING_STAMPS="false",
     )
     log_path = tmp_path_factory.mktemp("web") / "gunicorn.log"
     running = start_process(
@@ -240,6 +248,23 @@ def celery_worker_process(
         pytest.fail("the Celery worker did not answer a ping within 60 s:\n" + running.log())
     yield running
     running.stop()
+
+
+@pytest.fixture(autouse=True)
+def _forget_authentication_failures() -> None:
+    """Every test starts with no address blocked for failed API credentials (modelforge.auththrottle):
+    the counters live in the shared test Redis, and the suite's own refusals come from one address."""
+    import redis
+
+    try:
+        client = redis.Redis.from_url(
+            settings.CELERY_BROKER_URL, socket_connect_timeout=0.3, socket_timeout=0.3
+        )
+        keys = list(client.scan_iter("modelforge:authfail:*", count=1000))
+        if keys:
+            client.delete(*keys)
+    except (redis.RedisError, OSError):
+        pass  # a test that stops Redis: nothing is counted there either
 
 
 @pytest.fixture

@@ -1,15 +1,22 @@
 """`make run`'s machinery: embedded PostgreSQL 16 and Redis, migrate, the operator login, web + worker +
-beat, and a clean stop on Ctrl-C — run for real in a throw-away data folder on free ports."""
+beat, a clean stop on Ctrl-C, and a crashed process started again (or, if it keeps crashing, a stop) —
+run for real in a throw-away data folder on free ports."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import tempfile
+import time
 import urllib.request
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from modelforge.devstack import Ending, Supervisor
 from tests.fixtures import PYTHON, free_port, http_ok, process_env, start_process, wait_until
 
 pytestmark = pytest.mark.stack
@@ -139,3 +146,339 @@ def assert_stopped_cleanly(code: int, log: str, home, base: str) -> None:
     assert not (home / "postgres" / "data" / "postmaster.pid").exists()
     assert not (home / "redis" / "redis.pid").exists()
     assert not http_ok(base + "/healthz")
+
+
+# --- Supervision: a crashed process is started again; one that keeps crashing ends the run ------------
+
+
+def quick_supervisor(first_delay: float = 0.2, crash_limit: int = 4, window: float = 60) -> Supervisor:
+    """A supervisor with a short back-off: 0.2, 0.4, 0.8 s, and the fourth crash in a minute ends it."""
+    return Supervisor(process_env(), first_delay=first_delay, crash_limit=crash_limit, window=window)
+
+
+def supervise_until(supervisor: Supervisor, predicate, timeout: float = 20) -> list[Ending]:
+    """Turn the supervision loop the way ``run()`` does until ``predicate()``; the endings it returned."""
+    endings: list[Ending] = []
+
+    def turned() -> bool:
+        ending = supervisor.check()
+        if ending is not None:
+            endings.append(ending)
+        return bool(endings) or predicate()
+
+    wait_until(turned, timeout, interval=0.05)
+    return endings
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, dead but not yet reaped, does not count)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_killed_process_is_started_again_after_a_back_off_that_doubles(capsys):
+    supervisor = quick_supervisor()
+    supervisor.start("worker", [PYTHON, "-c", "import time; print('worker up', flush=True); time.sleep(60)"])
+    try:
+        delays = []
+        for _ in (1, 2):
+            before = supervisor.children["worker"].process
+            assert wait_until(lambda: "worker up" in supervisor.children["worker"].output, 10)
+            os.kill(before.pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+            endings = supervise_until(
+                supervisor, lambda before=before: supervisor.children["worker"].process is not before
+            )
+            delays.append(time.monotonic() - killed_at)
+            assert endings == []
+            after = supervisor.children["worker"].process
+            assert after is not before and after.poll() is None
+            supervisor.children["worker"].output.clear()
+        out = capsys.readouterr().out
+        assert (
+            "the worker process exited with status -9 (SIGKILL); restarting it in 0.2 s (crash 1 of 4" in out
+        )
+        assert "restarting it in 0.4 s (crash 2 of 4 within 60 s)" in out
+        assert f"restarted the worker process (pid {after.pid})" in out
+        # The back-off is waited out, not skipped: 0.2 s, then 0.4 s.
+        assert delays[0] >= 0.2 and delays[1] >= 0.4
+    finally:
+        supervisor.stop_all(grace=5)
+    assert supervisor.children["worker"].process.poll() is not None
+
+
+def test_a_process_that_keeps_crashing_ends_the_run_naming_it_with_its_last_lines(capsys):
+    supervisor = quick_supervisor(first_delay=0.05)
+    supervisor.start("web", [PYTHON, "-c", "import time; time.sleep(60)"])
+    supervisor.start(
+        "beat", [PYTHON, "-c", "print('beat: cannot reach the broker', flush=True); raise SystemExit(1)"]
+    )
+    try:
+        endings = supervise_until(supervisor, lambda: False)
+        assert len(endings) == 1, capsys.readouterr().out
+        ending = endings[0]
+        assert ending.code == 1
+        assert ending.lines[0] == (
+            "the beat process crashed 4 times within 60 s (last: status 1); stopping everything. "
+            "Its last lines:"
+        )
+        assert "    beat: cannot reach the broker" in ending.lines[1:]
+        out = capsys.readouterr().out
+        # Three restarts, then the fourth crash inside the window ends it.
+        assert out.count("restarted the beat process") == 3
+        assert "restarting it in 0.2 s (crash 3 of 4 within 60 s)" in out
+        web = supervisor.children["web"].process
+        assert web.poll() is None  # the others run on until run() stops everything
+    finally:
+        supervisor.stop_all(grace=5)
+    assert web.poll() is not None
+
+
+def test_crashes_older_than_the_window_do_not_count_toward_giving_up(capsys):
+    supervisor = quick_supervisor(first_delay=0.05, crash_limit=2, window=0.5)
+    supervisor.start("beat", [PYTHON, "-c", "import time; time.sleep(0.7); raise SystemExit(1)"])
+    try:
+        # Each run outlives the window, so every crash is the first inside it: restarted, never given up.
+        endings = supervise_until(
+            supervisor, lambda: "restarted the beat process" in capsys.readouterr().out, 10
+        )
+        assert endings == []
+        endings = supervise_until(supervisor, lambda: False, 3)
+        assert endings == []
+    finally:
+        supervisor.stop_all(grace=5)
+
+
+def test_a_refused_start_ends_the_run_at_once_without_a_restart(capsys):
+    supervisor = quick_supervisor()
+    supervisor.start(
+        "web", [PYTHON, "-c", "print('[MISSING_REQUIRED_SETTING] ...', flush=True); raise SystemExit(3)"]
+    )
+    first = supervisor.children["web"].process
+    try:
+        endings = supervise_until(supervisor, lambda: False)
+        assert [(e.lines, e.code) for e in endings] == [
+            (["the web process exited with status 3; stopping everything"], 3)
+        ]
+        assert supervisor.children["web"].process is first
+        assert "restart" not in capsys.readouterr().out
+    finally:
+        supervisor.stop_all(grace=5)
+
+
+def test_what_a_crashed_process_left_in_its_group_goes_before_it_starts_again(tmp_path):
+    # Regression: a killed gunicorn master leaves its workers holding the port the new master must bind.
+    pid_file = tmp_path / "leftover.pid"
+    master = (
+        "import subprocess, sys, time\n"
+        f"leftover = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(leftover.pid))\n"
+        "time.sleep(60)\n"
+    )
+    supervisor = quick_supervisor()
+    supervisor.start("web", [PYTHON, "-c", master])
+    try:
+        assert wait_until(lambda: pid_file.exists() and pid_file.read_text().strip() != "", 10)
+        leftover = int(pid_file.read_text())
+        first = supervisor.children["web"].process
+        pid_file.unlink()
+        os.kill(first.pid, signal.SIGKILL)
+        supervise_until(supervisor, lambda: supervisor.children["web"].process is not first)
+        assert not alive(leftover)
+        assert wait_until(lambda: pid_file.exists() and pid_file.read_text().strip() != "", 10)
+    finally:
+        supervisor.stop_all(grace=5)
+
+
+@pytest.fixture
+def stack_home():
+    """A throw-away data folder outside pytest's temporary root: a pytest session starting meanwhile in
+    another shell resets /tmp/pytest-of-<user> to 0700, and the embedded PostgreSQL (run as another user
+    when we are root) then cannot reach its files by their full path and fails its shutdown checkpoint."""
+    folder = Path(tempfile.mkdtemp(prefix="modelforge-devstack-"))
+    yield folder / "home"
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def stack_env(home: Path, **overrides: str | None) -> tuple[dict[str, str], Path, str]:
+    """``make run``'s environment in the data folder ``home``, on free ports: (env, home, base URL)."""
+    web_port = free_port()
+    env = process_env(
+        MODELFORGE_HOME=str(home),
+        MODELFORGE_PORT=str(web_port),
+        MODELFORGE_EMBEDDED_PG_PORT=str(free_port()),
+        MODELFORGE_EMBEDDED_REDIS_PORT=str(free_port()),
+        MODELFORGE_DATABASE_URL=None,
+        MODELFORGE_REDIS_URL=None,
+        MODELFORGE_SECRET_KEY=None,
+        MODELFORGE_OPERATOR_API_KEY=None,
+        MODELFORGE_CLUSTER_SECRET=None,
+        MODELFORGE_WEB_WORKERS="1",
+        MODELFORGE_WORKER_CONCURRENCY="1",
+        MODELFORGE_AGENT_PORT=str(free_port()),
+        **overrides,
+    )
+    return env, home, f"http://127.0.0.1:{web_port}"
+
+
+ROLES = {
+    "web": lambda argv: "gunicorn" in argv,
+    "worker": lambda argv: "celery" in argv and "worker" in argv,
+    "beat": lambda argv: "celery" in argv and "beat" in argv,
+    "agent": lambda argv: argv[1:3] == ["-m", "agent"],
+}
+
+
+def children_of(parent: int) -> dict[int, list[str]]:
+    """The live processes whose parent is ``parent``, with their command lines."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            state, ppid = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[:2]
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+        except OSError:
+            continue
+        if int(ppid) == parent and state != "Z":
+            found[int(entry)] = argv
+    return found
+
+
+def stack_process(running, role: str) -> int | None:
+    """The pid of the ``make run`` process that plays ``role`` (web, worker, beat, agent), if it runs."""
+    pids = [pid for pid, argv in children_of(running.process.pid).items() if ROLES[role](argv)]
+    return pids[0] if pids else None
+
+
+def logged(running, text: str) -> Callable[[], bool]:
+    return lambda: text in running.log()
+
+
+def embedded_pids(home) -> tuple[int, int]:
+    postgres = int((home / "postgres" / "data" / "postmaster.pid").read_text().split()[0])
+    redis = int((home / "redis" / "redis.pid").read_text().strip())
+    return postgres, redis
+
+
+def api(base: str, key: str, path: str, method: str = "GET", body: dict | None = None) -> dict:
+    request = urllib.request.Request(
+        base + path,
+        method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read() or b"{}")
+
+
+def test_killed_processes_come_back_while_the_databases_and_model_servers_stay_up(tmp_path, stack_home):
+    env, home, base = stack_env(stack_home)
+    running = start_process([PYTHON, "-m", "modelforge.devstack", "run"], env, tmp_path / "run.log")
+    try:
+        assert wait_until(lambda: "ModelForge is running at" in running.log(), 180), running.log()[-4000:]
+        key = (home / "secrets" / "operator-api-key").read_text().strip()
+        assert wait_until(lambda: stack_process(running, "agent") is not None, 30)
+        assert wait_until(lambda: api(base, key, "/api/v1/nodes?liveness=online")["count"] == 1, 60, 1)
+        server = api(
+            base,
+            key,
+            "/api/v1/servers",
+            "POST",
+            {"name": "demo", "profile": "test-echo", "model": "echo-demo"},
+        )
+        assert wait_until(
+            lambda: api(base, key, f"/api/v1/servers/{server['id']}")["state"] == "running", 60, 1
+        ), running.log()[-4000:]
+        agent = stack_process(running, "agent")
+        assert agent is not None
+        (model_server,) = children_of(agent)  # the demo's echo engine, in a session of its own
+        databases = embedded_pids(home)
+
+        # The worker: killed, started again, and it runs tasks again.
+        seen_before = api(base, key, "/api/v1/system/status")["worker_seen_at"]
+        worker = stack_process(running, "worker")
+        assert worker is not None
+        os.kill(worker, signal.SIGKILL)
+        assert wait_until(lambda: "restarted the worker process" in running.log(), 30), running.log()[-4000:]
+        assert (
+            "the worker process exited with status -9 (SIGKILL); restarting it in 1 s (crash 1 of 5"
+            in running.log()
+        )
+        assert stack_process(running, "worker") not in (None, worker)
+
+        def worker_runs_the_probe() -> bool:
+            api(base, key, "/api/v1/system/worker-probe", "POST")
+            return api(base, key, "/api/v1/system/status")["worker_seen_at"] != seen_before
+
+        assert wait_until(worker_runs_the_probe, 60, interval=2), running.log()[-4000:]
+
+        # The web process (gunicorn's master, its worker left behind): killed, started again, it answers.
+        web = stack_process(running, "web")
+        assert web is not None
+        os.kill(web, signal.SIGKILL)
+        assert wait_until(lambda: "restarted the web process" in running.log(), 30), running.log()[-4000:]
+        assert wait_until(lambda: http_ok(base + "/readyz"), 60), running.log()[-4000:]
+        assert stack_process(running, "web") not in (None, web)
+
+        # The agent: killed, started again (it heartbeats again); its model server outlives it.
+        os.kill(agent, signal.SIGKILL)
+        assert wait_until(lambda: "restarted the agent process" in running.log(), 30), running.log()[-4000:]
+        assert wait_until(lambda: running.log().count("the control plane calls back on") == 2, 60)
+        assert wait_until(lambda: api(base, key, "/api/v1/nodes?liveness=online")["count"] == 1, 60, 1)
+        assert alive(model_server)
+        # The new agent adopted it (its pid and start time in servers.json of the state volume).
+        assert wait_until(
+            lambda: "adopted server" in running.log() and f"(pid {model_server} " in running.log(), 30
+        )
+        # No crash stopped anything else: the same embedded servers ran throughout.
+        assert embedded_pids(home) == databases and all(alive(pid) for pid in databases)
+        assert "stopping everything" not in running.log()
+    finally:
+        code = interrupt(running)
+    log = running.log()
+    assert_stopped_cleanly(code, log, home, base)
+    # Ctrl-C stops the model server (its adopting agent stops it, as a clean stop of an agent does), and
+    # only then the embedded servers.
+    assert not alive(model_server)
+    assert not any(alive(pid) for pid in databases)
+
+
+def test_a_process_that_keeps_crashing_stops_everything_with_a_message_naming_it(tmp_path, stack_home):
+    env, home, base = stack_env(stack_home, MODELFORGE_LOCAL_AGENT="false")
+    running = start_process([PYTHON, "-m", "modelforge.devstack", "run"], env, tmp_path / "run.log")
+    killed: list[int] = []
+    try:
+        assert wait_until(lambda: "ModelForge is running at" in running.log(), 180), running.log()[-4000:]
+        databases = embedded_pids(home)
+        worker = stack_process(running, "worker")
+        assert worker is not None
+        # beat dies as soon as it is up, five times within two minutes (1 + 2 + 4 + 8 s of back-off).
+        for crash in range(1, 6):
+            assert wait_until(lambda: stack_process(running, "beat") not in (None, *killed), 60), (
+                running.log()[-4000:]
+            )
+            beat = stack_process(running, "beat")
+            assert beat is not None
+            os.kill(beat, signal.SIGKILL)
+            killed.append(beat)
+            if crash < 5:
+                assert wait_until(logged(running, f"(crash {crash} of 5 within 120 s)"), 10)
+        assert running.process.wait(60) == 1
+    finally:
+        interrupt(running)
+    log = running.log()
+    assert log.count("restarted the beat process") == 4
+    assert (
+        "modelforge: the beat process crashed 5 times within 120 s (last: status -9 (SIGKILL)); stopping "
+        "everything. Its last lines:"
+    ) in log
+    assert "modelforge: stopped" in log
+    # Everything stopped, the embedded servers last.
+    assert not http_ok(base + "/healthz")
+    assert not alive(worker)
+    assert not any(alive(pid) for pid in databases)
+    assert not (home / "postgres" / "data" / "postmaster.pid").exists()
+    assert not (home / "redis" / "redis.pid").exists()

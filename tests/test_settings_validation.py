@@ -241,3 +241,17 @@ def test_a_mass_loss_fraction_parses():
     read = SettingsReader({"MODELFORGE_LIVENESS_MASS_LOSS_FRACTION": " 0.25 "})
     assert read.fraction("MODELFORGE_LIVENESS_MASS_LOSS_FRACTION", 0.5) == 0.25
     assert read.problems == []
+
+
+def test_a_listening_gap_not_above_twice_the_sweep_interval_is_refused_by_name(tmp_path: Path):
+    """Every sweep would look like the end of an outage and restart every node's grace period."""
+    from tests.fixtures import PYTHON, process_env, run_command
+
+    env = process_env(MODELFORGE_ENV="production", MODELFORGE_LISTENING_GAP="10",
+                      MODELFORGE_LIVENESS_SWEEP_INTERVAL="5")  # fmt: skip
+    done = run_command([PYTHON, "manage.py", "check"], env)
+    assert done.returncode == 3
+    assert (
+        "[INVALID_SETTING] MODELFORGE_LISTENING_GAP: 10 s must be more than twice"
+        in done.stdout + done.stderr
+    )

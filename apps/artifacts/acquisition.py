@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -17,11 +18,11 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
-from apps.artifacts import codes
+from apps.artifacts import codes, local_roots
 from apps.artifacts.models import Artifact, ArtifactState, SourceKind
+from modelforge.dispatch import send_on_commit
 from modelforge.errors import ApiError
 
 logger = logging.getLogger(__name__)
@@ -44,24 +45,30 @@ def _progress(artifact: Artifact, done: int) -> None:
 
 
 def _copy_local(artifact: Artifact, target: Path) -> None:
-    source = Path(artifact.locator)
-    if not source.exists():
-        raise SourceUnreachable(f"{source} does not exist (is the path mounted here?)")
-    files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
-    done = 0
-    for path in files:
-        relative = path.name if source.is_file() else str(path.relative_to(source))
-        destination = target / relative
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("rb") as reader, destination.open("wb") as writer:
-            for block in iter(lambda: reader.read(CHUNK), b""):
-                writer.write(block)
-                done += len(block)
-                if done > settings.ARTIFACT_MAX_BYTES:
-                    raise SourceUnreachable(
-                        f"larger than MODELFORGE_ARTIFACT_MAX_BYTES ({settings.ARTIFACT_MAX_BYTES})"
-                    )
-        _progress(artifact, done)
+    """Copy a local source that the roots allow (``local_roots``): the whole tree is judged, links
+    resolved, before the first byte is read; ``LocalSourceRefused`` otherwise."""
+    local_roots.admit(artifact.locator)  # before its existence is told: a refused path reveals nothing
+    if not os.path.exists(artifact.locator):
+        raise SourceUnreachable(f"{artifact.locator} does not exist (is the path mounted here?)")
+    try:
+        files = local_roots.walk(artifact.locator)
+        done = 0
+        for item in files:
+            destination = target / item.relative
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            with local_roots.open_checked(item) as reader, destination.open("wb") as writer:
+                for block in iter(lambda: reader.read(CHUNK), b""):
+                    writer.write(block)
+                    done += len(block)
+                    if done > settings.ARTIFACT_MAX_BYTES:
+                        raise SourceUnreachable(
+                            f"larger than MODELFORGE_ARTIFACT_MAX_BYTES ({settings.ARTIFACT_MAX_BYTES})"
+                        )
+            _progress(artifact, done)
+    except OSError as exc:  # unreadable, a broken link, a link loop: reported, never a crashed task
+        raise SourceUnreachable(
+            f"cannot read {exc.filename or artifact.locator} in {artifact.locator} ({exc.strerror or exc})"
+        ) from exc
 
 
 def _safe_relative(name: str) -> Path:
@@ -297,10 +304,23 @@ def acquire(artifact: Artifact) -> None:
         return
     target = store_dir(artifact)
     artifact.set_state(
-        ArtifactState.ACQUIRING, f"from {artifact.source_kind} {artifact.locator}", store_path=str(target)
+        ArtifactState.ACQUIRING,
+        f"from {artifact.source_kind} {artifact.locator}",
+        store_path=str(target),
+        failure_code="",  # a retry's earlier failure is history (its event row), not this attempt's
+        failure_message="",
     )
     try:
         fetch(artifact, target)
+    except local_roots.LocalSourceRefused as exc:
+        shutil.rmtree(target, ignore_errors=True)  # nothing read from a refused source is kept
+        artifact.set_state(
+            ArtifactState.FAILED,
+            str(exc),
+            failure_code=codes.LOCAL_SOURCE_NOT_ALLOWED,
+            failure_message=str(exc),
+        )
+        return
     except SourceUnreachable as exc:
         artifact.set_state(
             ArtifactState.FAILED, str(exc), failure_code=codes.SOURCE_UNREACHABLE, failure_message=str(exc)
@@ -380,7 +400,7 @@ def _release_unfetched(artifact: Artifact, *, by: str, reason: str) -> Artifact:
     artifact.events.filter(pk=artifact.events.first().pk).update(by=by)  # type: ignore[union-attr]
     from apps.artifacts.tasks import acquire as acquire_task
 
-    transaction.on_commit(lambda: acquire_task.delay(artifact.pk))
+    send_on_commit(acquire_task, artifact.pk)
     return artifact
 
 
@@ -440,6 +460,8 @@ def rehydrate(artifact: Artifact) -> Artifact:
     try:
         try:
             fetch(artifact, scratch)
+        except local_roots.LocalSourceRefused as exc:
+            return _blocked(artifact, f"tried {tried}: {codes.LOCAL_SOURCE_NOT_ALLOWED}: {exc}")
         except SourceUnreachable as exc:
             return _blocked(artifact, f"tried {tried}: {exc}")
         got = {f["path"]: (f["size"], f["sha256"]) for f in digests(scratch)}

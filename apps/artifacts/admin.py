@@ -1,6 +1,7 @@
 from django.contrib import admin
 
-from apps.artifacts.models import Artifact, ArtifactEvent
+from apps.artifacts.models import Artifact, ArtifactEvent, Replica
+from apps.core.work_actions import WorkAdminActions
 
 
 class ArtifactEventInline(admin.TabularInline):
@@ -14,13 +15,32 @@ class ArtifactEventInline(admin.TabularInline):
 
 
 @admin.register(Artifact)
-class ArtifactAdmin(admin.ModelAdmin):
+class ArtifactAdmin(WorkAdminActions):
     list_display = ("name", "source_kind", "state", "quarantine_rule", "format", "size_bytes", "created_at")
     list_filter = ("state", "source_kind", "quarantine_rule")
     search_fields = ("name", "locator")
     # Quarantine is released through the API's release action (recorded who and why, checks re-run).
     readonly_fields = [f.name for f in Artifact._meta.fields]
     inlines = [ArtifactEventInline]
+    actions = ["retry_work", "fail_work"]
+    work_kind = "artifact"  # requested and never taken, or acquiring by a worker that died (apps.core.work)
 
     def has_add_permission(self, request):
         return False
+
+
+@admin.register(Replica)
+class ReplicaAdmin(WorkAdminActions):
+    list_display = ("artifact", "node", "state", "done_bytes", "total_bytes", "requested_by", "requested_at")
+    list_filter = ("state",)
+    search_fields = ("artifact__name", "node__name", "name")
+    # Replicas are asked for on the artifact's page or through the API, which check the artifact first.
+    readonly_fields = [f.name for f in Replica._meta.fields]
+    actions = ["retry_work", "fail_work"]
+    work_kind = "replica"  # requested and never started, or copying with no progress (apps.core.work)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # the node's copy would stay behind a record nobody sees

@@ -17,8 +17,9 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
+from modelforge import auththrottle
 from modelforge.http_protocol import ZERO_COPY
-from modelforge.lean import Receive, Send
+from modelforge.lean import Receive, Send, drain_unread_body
 from modelforge.logging import accept_or_generate
 
 PREFIX = "/api/v1/agent/artifacts/"
@@ -65,8 +66,19 @@ async def serve(scope: dict[str, Any], receive: Receive, send: Send) -> None:
             if status == 401
             else "No such file of a ready artifact."
         )
-        body = json.dumps({"code": refusal, "message": message, "correlation_id": correlation_id}).encode()
         extra = [(b"www-authenticate", b'Bearer realm="modelforge-agent"')] if status == 401 else []
+        if status == 401 and presented:  # an invalid credential counts; a valid node is never held up
+            source = auththrottle.scope_source(scope)
+            retry_after = await auththrottle.throttle.afailed(auththrottle.AGENT, source)
+            if retry_after is not None:
+                blocked = auththrottle.refusal(auththrottle.NODE_CREDENTIAL, source, retry_after)
+                status, refusal, message = blocked.status, blocked.code, blocked.message
+                extra = [(b"retry-after", str(retry_after).encode())]
+        body = json.dumps({"code": refusal, "message": message, "correlation_id": correlation_id}).encode()
+        # A body sent here (nothing here takes one) is dropped first: a client still writing it reads the
+        # refusal instead of a reset (modelforge.lean); past the bound, the connection closes.
+        if not await drain_unread_body(receive, headers):
+            extra.append((b"connection", b"close"))
         await send(
             {
                 "type": "http.response.start",

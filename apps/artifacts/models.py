@@ -103,6 +103,11 @@ class Replica(models.Model):
     requested_by = models.CharField(max_length=150, blank=True)
     requested_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
+    progress_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the copy last moved forward (the stuck-work bound counts from it).",
+    )
 
     class Meta:
         ordering = ["-requested_at"]

@@ -4,12 +4,12 @@ places them where the presence check finds them; the control plane confirms with
 
 from __future__ import annotations
 
-from django.db import transaction
 from django.utils import timezone
 
 from apps.artifacts.models import Artifact, ArtifactState, Replica, ReplicaState
 from apps.nodes import agent_client
 from apps.nodes.models import Node
+from modelforge.dispatch import send_on_commit
 from modelforge.errors import ApiError
 
 REPLICA_NOT_ALLOWED = "REPLICA_NOT_ALLOWED"
@@ -47,7 +47,7 @@ def request_replica(artifact: Artifact, node: Node, *, by: str) -> Replica:
     replica.refresh_from_db()
     from apps.artifacts.tasks import replicate
 
-    transaction.on_commit(lambda: replicate.delay(replica.pk))
+    send_on_commit(replicate, replica.pk)
     return replica
 
 
@@ -71,7 +71,8 @@ def start(replica: Replica) -> bool:
     if reply.status != 200:
         _fail(replica, reply.body.get("message") or f"the agent answered {reply.status}")
         return False
-    Replica.objects.filter(pk=replica.pk).update(state=ReplicaState.COPYING, updated_at=timezone.now())
+    now = timezone.now()
+    Replica.objects.filter(pk=replica.pk).update(state=ReplicaState.COPYING, updated_at=now, progress_at=now)
     return True
 
 
@@ -85,9 +86,11 @@ def check(replica: Replica) -> bool:
         _fail(replica, f"{exc.code}: {exc.message}")
         return True
     state = reply.body.get("state")
-    Replica.objects.filter(pk=replica.pk).update(
-        done_bytes=int(reply.body.get("done_bytes") or 0), updated_at=timezone.now()
-    )
+    now = timezone.now()
+    done = int(reply.body.get("done_bytes") or 0)
+    # Progress is the copy moving forward, not the control plane looking: the stuck bound counts from it.
+    Replica.objects.filter(pk=replica.pk, done_bytes__lt=done).update(progress_at=now)
+    Replica.objects.filter(pk=replica.pk).update(done_bytes=done, updated_at=now)
     if state == "failed" or reply.status != 200:
         _fail(replica, reply.body.get("reason") or reply.body.get("message") or "the copy failed")
         return True

@@ -6,20 +6,26 @@ from celery import shared_task
 
 from apps.artifacts import acquisition
 from apps.artifacts.models import Artifact, ArtifactState
+from modelforge.dispatch import send
 
 
 @shared_task(name="artifacts.acquire")
 def acquire(artifact_id: int) -> str:
-    from apps.artifacts import codes
+    from apps.artifacts import codes, locks
+    from apps.backups.pgtools import LockHeld
 
-    artifact = Artifact.objects.filter(pk=artifact_id).first()
-    if artifact is None or artifact.state not in (ArtifactState.REQUESTED, ArtifactState.FAILED):
+    try:
+        with locks.acquiring(artifact_id):  # a second delivery of this task skips while the first runs
+            artifact = Artifact.objects.filter(pk=artifact_id).first()
+            if artifact is None or artifact.state not in (ArtifactState.REQUESTED, ArtifactState.FAILED):
+                return "skipped"
+            if artifact.failure_code == codes.ARTIFACT_REHYDRATION_BLOCKED:
+                # Acquiring again would record whatever the upstream holds now under the old identity.
+                return "blocked"
+            acquisition.acquire(artifact)
+            return artifact.state
+    except LockHeld:
         return "skipped"
-    if artifact.failure_code == codes.ARTIFACT_REHYDRATION_BLOCKED:
-        # Acquiring again would record whatever the upstream holds now under the old identity.
-        return "blocked"
-    acquisition.acquire(artifact)
-    return artifact.state
 
 
 @shared_task(name="artifacts.replicate")
@@ -31,7 +37,7 @@ def replicate(replica_id: int) -> str:
     if replica is None or replica.state != ReplicaState.REQUESTED:
         return "skipped"
     if replication.start(replica):
-        watch_replica.apply_async((replica_id,), countdown=1)
+        send(watch_replica, replica_id, countdown=1)
     return "copying"
 
 
@@ -45,7 +51,7 @@ def watch_replica(replica_id: int) -> str:
     if replica is None or replica.state != ReplicaState.COPYING:
         return "settled"
     if not replication.check(replica):
-        watch_replica.apply_async((replica_id,), countdown=1)
+        send(watch_replica, replica_id, countdown=1)
         return "copying"
     replica.refresh_from_db()
     return replica.state

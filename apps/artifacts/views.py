@@ -9,7 +9,6 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.paginator import Paginator
-from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
@@ -18,8 +17,10 @@ from apps.artifacts import acquisition, codes, replication
 from apps.artifacts.models import Artifact, ArtifactState
 from apps.artifacts.tasks import acquire, rehydrate
 from apps.nodes.models import Node
+from modelforge.dispatch import send_on_commit
 from modelforge.errors import ApiError, describe_validation
 from modelforge.lookups import by_pk
+from modelforge.validators import checked_text
 
 staff_required: Any = staff_member_required(login_url="dashboard:login")
 
@@ -73,18 +74,19 @@ def artifact_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
                     "register a new artifact instead.",
                     409,
                 )
-            transaction.on_commit(lambda: acquire.delay(artifact.pk))
+            send_on_commit(acquire, artifact.pk)
             messages.info(request, f"Acquiring {artifact.name} again from {artifact.locator}.")
         elif action == "amend":
             _amend(request, artifact, by)
         elif action == "release":
-            released = acquisition.release(artifact, by=by, reason=request.POST.get("reason", ""))
+            reason = checked_text("reason", request.POST.get("reason", ""), lines=True)
+            released = acquisition.release(artifact, by=by, reason=reason)
             if released.state == "requested":
                 messages.info(request, f"{artifact.name} released: fetching now; every check runs again.")
             else:
                 messages.success(request, f"{artifact.name} released: every check passes.")
         elif action == "rehydrate":
-            transaction.on_commit(lambda: rehydrate.delay(artifact.pk))
+            send_on_commit(rehydrate, artifact.pk)
             messages.info(request, f"Rehydrating {artifact.name} from its recorded upstream.")
     except ApiError as exc:
         messages.error(request, f"{exc.code}: {exc.message}")

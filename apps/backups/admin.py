@@ -1,11 +1,12 @@
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db import transaction
 from django.http import HttpRequest
 
 from apps.backups import snapshot
 from apps.backups.models import Backup, BackupEvent, Restore, RestorePhase
+from apps.core.work_actions import WorkAdminActions
+from modelforge.dispatch import send_on_commit
 from modelforge.errors import ApiError
 
 
@@ -20,12 +21,13 @@ class BackupEventInline(admin.TabularInline):
 
 
 @admin.register(Backup)
-class BackupAdmin(admin.ModelAdmin):
+class BackupAdmin(WorkAdminActions):
     list_display = ("id", "state", "reason_code", "trigger", "consistent_as_of", "size_bytes", "verified_at")
     list_filter = ("state", "reason_code", "trigger")
     readonly_fields = [f.name for f in Backup._meta.fields]
     inlines = [BackupEventInline]
-    actions = ["back_up_now"]
+    actions = ["back_up_now", "retry_work", "fail_work"]
+    work_kind = "backup"  # a queued backup nobody takes, a completed one nobody verifies (apps.core.work)
     # The schedule is the "backup-database" row under Periodic tasks (django-celery-beat).
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -43,7 +45,7 @@ class BackupAdmin(admin.ModelAdmin):
         except ApiError as exc:
             self.message_user(request, f"{exc.code}: {exc.message}", messages.ERROR)
             return
-        transaction.on_commit(lambda: take_backup.delay(backup.pk))
+        send_on_commit(take_backup, backup.pk)
         self.message_user(request, f"Backup #{backup.pk} queued.", messages.INFO)
 
 
@@ -58,7 +60,7 @@ class RestorePhaseInline(admin.TabularInline):
 
 
 @admin.register(Restore)
-class RestoreAdmin(admin.ModelAdmin):
+class RestoreAdmin(WorkAdminActions):
     list_display = (
         "id",
         "backup",
@@ -73,6 +75,8 @@ class RestoreAdmin(admin.ModelAdmin):
     # Restores start and are reviewed from the dashboard or the API, which record who and why.
     readonly_fields = [f.name for f in Restore._meta.fields]
     inlines = [RestorePhaseInline]
+    actions = ["retry_work", "fail_work"]
+    work_kind = "restore"  # a queued restore nobody runs: marking it failed leaves the database untouched
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

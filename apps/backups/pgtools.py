@@ -28,7 +28,10 @@ from psycopg import sql
 
 # Advisory-lock namespace (the first key of the two-key form): "MFBK".
 LOCK_NAMESPACE = 0x4D46424B
-# The second key: a backup's id, or RESTORE_LOCK_BASE + a restore's id.
+# The second key: a backup's id, VERIFY_LOCK_BASE + a backup's id (its verification),
+# ACQUIRE_LOCK_BASE + an artifact's id (its acquisition), or RESTORE_LOCK_BASE + a restore's id.
+VERIFY_LOCK_BASE = 1 << 28
+ACQUIRE_LOCK_BASE = 1 << 29
 RESTORE_LOCK_BASE = 1 << 30
 
 

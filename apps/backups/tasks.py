@@ -6,6 +6,7 @@ from celery import shared_task
 
 from apps.backups import restore, snapshot, verification
 from apps.backups.models import BackupState
+from modelforge.dispatch import send
 from modelforge.errors import ApiError
 
 
@@ -24,7 +25,7 @@ def take_backup(backup_id: int) -> str:
     state = snapshot.take(backup_id)
     if state == BackupState.COMPLETED:
         # Verification is automatic, and is its own task so a worker restart between them loses nothing.
-        verify_backup.delay(backup_id)
+        send(verify_backup, backup_id)
     return state
 
 

@@ -102,7 +102,17 @@ def restore_and_check(server: pgtools.Server, archive: Path, database: str, mani
 
 
 def verify(backup_id: int) -> str:
-    """Verify a completed (or re-verify a verified) backup; returns its state afterwards."""
+    """Verify a completed (or re-verify a verified) backup; returns its state afterwards. Under an
+    advisory lock: a second delivery of the task (the watchdog re-sends a verification that waits) skips
+    while the first runs."""
+    try:
+        with pgtools.liveness_lock(pgtools.service_server(), pgtools.VERIFY_LOCK_BASE + int(backup_id)):
+            return _verify(backup_id)
+    except pgtools.LockHeld:
+        return "skipped"
+
+
+def _verify(backup_id: int) -> str:
     backup = Backup.objects.filter(pk=backup_id).first()
     if backup is None or backup.state not in (BackupState.COMPLETED, BackupState.VERIFIED):
         return "skipped"

@@ -9,7 +9,6 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.paginator import Paginator
-from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
@@ -18,7 +17,9 @@ from apps.alerts.models import Alert
 from apps.backups import codes, restore, snapshot
 from apps.backups.models import Backup, Restore
 from apps.backups.tasks import run_restore, take_backup, verify_backup
+from modelforge.dispatch import send_on_commit
 from modelforge.errors import ApiError
+from modelforge.validators import checked_text
 
 staff_required: Any = staff_member_required(login_url="dashboard:login")
 
@@ -66,7 +67,7 @@ def backup_now(request: HttpRequest) -> HttpResponse:
     except ApiError as exc:
         messages.error(request, f"{exc.code}: {exc.message}")
         return redirect("backups:list")
-    transaction.on_commit(lambda: take_backup.delay(backup.pk))
+    send_on_commit(take_backup, backup.pk)
     messages.info(request, f"Backup #{backup.pk} queued; verification follows automatically.")
     return redirect("backups:detail", pk=backup.pk)
 
@@ -77,13 +78,12 @@ def backup_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     backup = get_object_or_404(Backup, pk=pk)
     try:
         if action == "verify":
-            transaction.on_commit(lambda: verify_backup.delay(backup.pk))
+            send_on_commit(verify_backup, backup.pk)
             messages.info(request, f"Verifying backup #{backup.pk} again.")
         elif action == "restore":
-            queued = restore.request_restore(
-                backup, by=request.user.get_username(), reason=request.POST.get("reason", "")
-            )
-            transaction.on_commit(lambda: run_restore.delay(queued.pk))
+            reason = checked_text("reason", request.POST.get("reason", ""), lines=True)
+            queued = restore.request_restore(backup, by=request.user.get_username(), reason=reason)
+            send_on_commit(run_restore, queued.pk)
             messages.warning(request, f"Restore #{queued.pk} of backup #{backup.pk} queued.")
             return redirect("backups:restore", pk=queued.pk)
     except ApiError as exc:
@@ -96,9 +96,8 @@ def backup_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
 def restore_review(request: HttpRequest, pk: int, decision: str) -> HttpResponse:
     found = get_object_or_404(Restore, pk=pk)
     try:
-        restore.review(
-            found, decision=decision, by=request.user.get_username(), note=request.POST.get("reason", "")
-        )
+        note = checked_text("reason", request.POST.get("reason", ""), lines=True)
+        restore.review(found, decision=decision, by=request.user.get_username(), note=note)
         messages.success(request, f"Restore #{found.pk}: {decision} recorded.")
     except ApiError as exc:
         messages.error(request, f"{exc.code}: {exc.message}")

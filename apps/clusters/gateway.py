@@ -1,6 +1,7 @@
 """The serving gateway: OpenAI-compatible ``/v1/*`` as a lean ASGI application beside Django.
 
-``model`` names a capability (``rag.embedding@1``); the credential must be scoped to exactly that.
+``model`` names a capability (``rag.embedding@1``); the credential must be scoped to exactly that. The
+request's OpenAI shape is checked before any backend is contacted (apps/clusters/shapes.py).
 No database query per request (the routing table is cached per process), pooled keep-alive
 connections to backends, bounded timeouts and request size, streaming passed through chunk by chunk.
 Every failure is the envelope; a credential problem is always ``401 CAPABILITY_NOT_AUTHORIZED`` with
@@ -19,9 +20,11 @@ import msgspec
 from apps.clusters import codes
 from apps.clusters.lbstate import shared
 from apps.clusters.routing import Backend, authorize, router
+from apps.clusters.shapes import ShapeError, TooDeep, checked
 from apps.clusters.upstream import ConnectFailed, Upstream, UpstreamError, UpstreamTimeout
 from modelforge.errors import INTERNAL_SERVER_ERROR_BODY
 from modelforge.errors import codes as error_codes
+from modelforge.jsonbounds import TOO_DEEP_MESSAGE, nul_message, scan_json
 from modelforge.lean import BodyTooLarge, Receive, Send, read_bounded_body
 from modelforge.logging import accept_or_generate, set_correlation_id
 
@@ -36,14 +39,6 @@ CONNECT_TIMEOUT_S = 2.0
 READ_TIMEOUT_S = 120.0
 
 
-class _Named(msgspec.Struct):
-    """What the gateway reads of a request body: only ``model`` (the rest is the backend's business,
-    skipped by the decoder without building Python objects for it)."""
-
-    model: object = None
-
-
-_decode_named = msgspec.json.Decoder(_Named).decode
 # Request headers the gateway looks at; the others are never decoded.
 _WANTED_HEADERS = {b"authorization", b"x-correlation-id", b"content-length"}
 
@@ -138,19 +133,21 @@ class Gateway:
             body = await read_bounded_body(receive, headers)
         except BodyTooLarge:
             raise Refusal(413, error_codes.PAYLOAD_TOO_LARGE, error_codes.DEFAULT_MESSAGES[413]) from None
+        # The request's shape, before the credential and before any backend: a body the engine cannot
+        # take never reaches it (an engine's 5xx counts towards the sin-bin). See apps/clusters/shapes.py.
+        too_deep, nul = scan_json(body)
+        if too_deep:
+            raise Refusal(400, error_codes.JSON_TOO_DEEP, TOO_DEEP_MESSAGE)
         try:
-            named = _decode_named(body)
-        except msgspec.ValidationError:
-            named = None  # valid JSON, but not an object
+            capability = checked(path, body).model
+        except ShapeError as exc:
+            raise Refusal(400, error_codes.VALIDATION_ERROR, str(exc)) from None
+        except TooDeep:
+            raise Refusal(400, error_codes.JSON_TOO_DEEP, TOO_DEEP_MESSAGE) from None
         except msgspec.DecodeError:
             raise Refusal(400, error_codes.MALFORMED_REQUEST, "The body is not valid JSON.") from None
-        if named is None or not isinstance(named.model, str):
-            raise Refusal(
-                400,
-                error_codes.VALIDATION_ERROR,
-                'The body must be a JSON object with "model": "<capability>", e.g. "rag.embedding@1".',
-            )
-        capability = named.model
+        if nul:
+            raise Refusal(400, error_codes.VALIDATION_ERROR, nul_message(body))
         grant, why = authorize(table, presented, capability)
         if grant is None:
             raise Refusal(401, codes.CAPABILITY_NOT_AUTHORIZED, why, UNAUTHORIZED_HEADERS)
@@ -187,6 +184,8 @@ class Gateway:
                         codes.UPSTREAM_FAILED,
                         f"Backend {backend.name} failed (HTTP {exc.status}): {exc.message}",
                     ) from None
+                # A 4xx is the backend judging the request, not failing: never towards the sin-bin, and
+                # it ends a run of failures (Envoy's consecutive-5xx detection does the same).
                 await shared.served(backend.key)
                 raise Refusal(
                     exc.status,

@@ -6,7 +6,8 @@ backend fails. If Redis is unreachable, each process carries on with its own sta
 ``redis_ok``, the dashboard) — never an error to the client.
 
 The sin-bin follows Envoy's outlier detection: MODELFORGE_LB_CONSECUTIVE_FAILURES failures in a row
-(5xx, connection errors, timeouts) bench a backend for MODELFORGE_LB_BASE_BENCH_S x the number of times
+(5xx, connection errors, timeouts; never a 4xx, which is the backend judging the request and ends a run
+of failures) bench a backend for MODELFORGE_LB_BASE_BENCH_S x the number of times
 it was benched within MODELFORGE_LB_CHURN_WINDOW_S, capped at MODELFORGE_LB_MAX_BENCH_S; it returns by
 itself when its time is up. Benched MODELFORGE_LB_CHURN_THRESHOLD times within the window raises
 ``lb_sin_bin_churn``.

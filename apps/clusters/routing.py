@@ -17,10 +17,11 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
+import psycopg
 import redis
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 from django.utils import timezone
@@ -211,6 +212,16 @@ class Router:
         if table is None or now - table.built_at > REBUILD_AT_LEAST_EVERY_S or version != self._version:
             try:
                 table = self._table = build_table()
+            except (DatabaseError, psycopg.Error) as exc:
+                if table is None:
+                    raise
+                # The database away (a restore's switch-over, a restart): keep routing on the table this
+                # process has, and try again at the next check rather than answer 500 with one in hand.
+                logger.warning(
+                    "routing table not rebuilt, database unavailable (%s): serving the last one", exc
+                )
+                table.built_at = now
+                return table
             finally:
                 close_old_connections()
             self._version = version

@@ -11,6 +11,8 @@ class InstallationAdmin(admin.ModelAdmin):
         "created_at",
         "worker_seen_at",
         "worker_seen_hostname",
+        "beat_seen_at",
+        "beat_seen_hostname",
     )
     readonly_fields = list_display
 

@@ -71,6 +71,16 @@ def check_live() -> dict[str, Any]:
             results.append(
                 {"name": invariant.name, "description": invariant.description, "violations": int(row[0] or 0)}
             )
+    from apps.core import work
+
+    # Live only (a restored copy's in-flight rows are as old as the backup): work past its bound.
+    results.append(
+        {
+            "name": "no_work_past_its_bound",
+            "description": "no backup, restore, server, artifact or replica waits past its bound",
+            "violations": work.past_bound_count(),
+        }
+    )
     return {
         "sound": not any(r["violations"] for r in results),
         "checked_at": timezone.now(),

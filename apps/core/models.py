@@ -24,6 +24,10 @@ class Installation(models.Model):
     created_by_release = models.CharField(max_length=32, editable=False)
     worker_seen_at = models.DateTimeField(null=True, blank=True, editable=False)
     worker_seen_hostname = models.CharField(max_length=255, blank=True, editable=False)
+    # Stamped by beat's own scheduler as it ticks (modelforge.beat), not by a task it sends: a task's
+    # stamp would also go stale with the worker or the broker, and BEAT_MISSING would name the wrong one.
+    beat_seen_at = models.DateTimeField(null=True, blank=True, editable=False)
+    beat_seen_hostname = models.CharField(max_length=255, blank=True, editable=False)
 
     objects = InstallationManager()
 
@@ -47,3 +51,9 @@ class Installation(models.Model):
         self.worker_seen_at = at or timezone.now()
         self.worker_seen_hostname = hostname[:255]
         self.save(update_fields=["worker_seen_at", "worker_seen_hostname"])
+
+    def record_beat_seen(self, hostname: str, at: datetime | None = None) -> None:
+        """Beat's scheduler ticked just now: it is alive and sending the schedule."""
+        self.beat_seen_at = at or timezone.now()
+        self.beat_seen_hostname = hostname[:255]
+        self.save(update_fields=["beat_seen_at", "beat_seen_hostname"])

@@ -6,9 +6,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from functools import lru_cache
 
+import psycopg
 import redis
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, connections
 
 from apps.core.models import Installation
 
@@ -37,6 +38,33 @@ def probe_database() -> Probe:
     return Probe(True, f"PostgreSQL {version}")
 
 
+# A new connection must be made within this; a database that cannot is not ready, whatever a pooled
+# connection says (issue 13: during a stall pooled sessions answered while no new one could be made).
+NEW_CONNECTION_TIMEOUT_S = 2
+
+
+def probe_database_connection(overrides: dict[str, object] | None = None) -> Probe:
+    """A new connection to the default database, made directly (not from the pool) within 2 s.
+
+    The parameters are Django's own for the default alias, so what is proved is what a new pooled
+    connection would need. ``overrides`` replaces some of them (a test points one at a closed port).
+    """
+    params = connections["default"].get_connection_params()
+    params.update(connect_timeout=NEW_CONNECTION_TIMEOUT_S, application_name="modelforge-probe")
+    params.update(overrides or {})
+    try:
+        with psycopg.connect(**params, autocommit=True) as new:
+            row = new.execute("SELECT current_setting('server_version')").fetchone()
+    except (psycopg.Error, OSError) as exc:
+        # The driver's text may name hosts or users; keep the kind of failure only.
+        return Probe(
+            False,
+            f"database unreachable: no new connection within {NEW_CONNECTION_TIMEOUT_S} s "
+            f"({type(exc).__name__})",
+        )
+    return Probe(True, f"PostgreSQL {row[0] if row else '?'}")
+
+
 def probe_broker() -> Probe:
     try:
         info = _redis_client().info("server")
@@ -56,6 +84,8 @@ class SystemStatus:
     installation_id: str | None
     worker_seen_at: datetime | None
     worker_seen_hostname: str
+    beat_seen_at: datetime | None
+    beat_seen_hostname: str
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -73,4 +103,6 @@ def system_status() -> SystemStatus:
         installation_id=str(installation.installation_id) if installation else None,
         worker_seen_at=installation.worker_seen_at if installation else None,
         worker_seen_hostname=installation.worker_seen_hostname if installation else "",
+        beat_seen_at=installation.beat_seen_at if installation else None,
+        beat_seen_hostname=installation.beat_seen_hostname if installation else "",
     )

@@ -19,3 +19,11 @@ def record_worker_seen() -> str:
     Installation.objects.current().record_worker_seen(hostname)
     logger.info("worker on %s ran the probe", hostname)
     return hostname
+
+
+@shared_task(name="core.watch_work")
+def watch_work() -> dict[str, int]:
+    """Re-send the tasks of rows that waited past their bound, look at quiet watches, raise WORK_STUCK."""
+    from apps.core import work
+
+    return work.watch()

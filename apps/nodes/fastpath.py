@@ -20,9 +20,10 @@ from django.utils import timezone
 
 from apps.nodes import codes
 from apps.nodes.heartbeat import HEARTBEAT_SQL, InvalidReport, heartbeat_params, parse_report
+from modelforge import auththrottle
 from modelforge.errors import INTERNAL_SERVER_ERROR_BODY
 from modelforge.errors import codes as error_codes
-from modelforge.lean import BodyTooLarge, Receive, Send, read_bounded_body
+from modelforge.lean import BodyTooLarge, Receive, Send, drain_unread_body, read_bounded_body
 from modelforge.logging import accept_or_generate, set_correlation_id
 
 logger = logging.getLogger("modelforge.request")
@@ -122,25 +123,35 @@ class HeartbeatEndpoint:
         self, scope: dict[str, Any], receive: Receive, headers: dict[str, str]
     ) -> tuple[int, dict[str, Any], dict[str, str]]:
         if scope["method"] != "POST":
-            return _error(
-                405, error_codes.METHOD_NOT_ALLOWED, "Only POST is allowed here.", {"Allow": "POST"}
+            return await _unread(
+                receive,
+                headers,
+                _error(405, error_codes.METHOD_NOT_ALLOWED, "Only POST is allowed here.", {"Allow": "POST"}),
             )
         if not headers.get("content-type", "").startswith("application/json"):
-            return _error(415, error_codes.UNSUPPORTED_MEDIA_TYPE, error_codes.DEFAULT_MESSAGES[415])
+            return await _unread(
+                receive,
+                headers,
+                _error(415, error_codes.UNSUPPORTED_MEDIA_TYPE, error_codes.DEFAULT_MESSAGES[415]),
+            )
         scheme, _, credential = headers.get("authorization", "").partition(" ")
         credential = credential.strip()
         unauthorized = {"WWW-Authenticate": 'Bearer realm="modelforge-agent"'}
         if scheme.lower() != "bearer" or not credential:
-            return _error(
-                401,
-                codes.NODE_CREDENTIAL_INVALID,
-                "A node credential is required: Authorization: Bearer <credential>.",
-                unauthorized,
+            return await _unread(
+                receive,
+                headers,
+                _error(
+                    401,
+                    codes.NODE_CREDENTIAL_INVALID,
+                    "A node credential is required: Authorization: Bearer <credential>.",
+                    unauthorized,
+                ),
             )
         try:
             body = await read_bounded_body(receive, headers)
-        except BodyTooLarge:
-            return _error(413, error_codes.PAYLOAD_TOO_LARGE, error_codes.DEFAULT_MESSAGES[413])
+        except BodyTooLarge as exc:
+            return _error(413, error_codes.PAYLOAD_TOO_LARGE, error_codes.DEFAULT_MESSAGES[413], exc.headers)
         try:
             report = parse_report(body)
         except InvalidReport as exc:
@@ -152,6 +163,12 @@ class HeartbeatEndpoint:
             return 500, {}, {}
         if row is None:
             # The credential matches no node; the same statement that would have recorded it said so.
+            # Only failures are counted, so a heartbeat that succeeds never waits on Redis.
+            source = auththrottle.scope_source(scope)
+            retry_after = await auththrottle.throttle.afailed(auththrottle.AGENT, source)
+            if retry_after is not None:
+                refusal = auththrottle.refusal(auththrottle.NODE_CREDENTIAL, source, retry_after)
+                return _error(refusal.status, refusal.code, refusal.message, refusal.headers)
             return _error(
                 401,
                 codes.NODE_CREDENTIAL_INVALID,
@@ -175,6 +192,16 @@ def _error(
     status: int, code: str, message: str, headers: dict[str, str] | None = None
 ) -> tuple[int, dict[str, Any], dict[str, str]]:
     return status, {"code": code, "message": message}, headers or {}
+
+
+async def _unread(
+    receive: Receive, headers: dict[str, str], refusal: tuple[int, dict[str, Any], dict[str, str]]
+) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """A refusal answered before the body is read: the body is dropped first (modelforge.lean), so a
+    client still writing it reads the refusal instead of a reset; past the bound, the connection closes."""
+    if not await drain_unread_body(receive, headers):
+        refusal[2]["Connection"] = "close"
+    return refusal
 
 
 endpoint = HeartbeatEndpoint()

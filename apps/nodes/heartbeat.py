@@ -1,10 +1,12 @@
 """Heartbeats: everything an agent reports is validated at the boundary, then recorded in ONE statement.
 
 The report is decoded by msgspec straight into typed structs (unknown fields refused, every number
-bounded), then checked across fields (used ≤ total, managed ≤ used, ...). Recording is a single SQL
-statement, so a heartbeat is atomic (nothing half-written) and costs one round trip: it authenticates
-the credential, updates the node, upserts its GPUs, drops GPUs no longer reported and, when the node
-was not online, writes the transition's event row and clears its liveness alerts.
+bounded; the types bound the nesting, so a body nested thousands deep is refused at its first level,
+and a NUL in any string is refused before PostgreSQL would), then checked across fields (used ≤ total,
+managed ≤ used, ...). Recording is a single SQL statement, so a heartbeat is atomic (nothing
+half-written) and costs one round trip: it authenticates the credential, updates the node, upserts its
+GPUs, drops GPUs no longer reported and, when the node was not online, writes the transition's event row
+and clears its liveness alerts.
 
 The serving path is the lean ASGI endpoint in ``apps.nodes.fastpath`` (the heartbeat benchmark is why);
 ``record_heartbeat`` runs the same statement through Django's connection for in-process callers.
@@ -23,6 +25,7 @@ from apps.alerts.models import Alert
 from apps.nodes import codes
 from apps.nodes.choices import EventKind, Liveness
 from apps.nodes.models import GPU, Node, NodeEvent, digest
+from modelforge.jsonbounds import json_has_nul, nul_message
 
 MAX_GPUS = 64
 MAX_MODELS = 1000
@@ -101,6 +104,10 @@ def parse_report(body: bytes) -> HeartbeatReport:
         raise InvalidReport("VALIDATION_ERROR", f"Invalid input: {exc}") from None
     except msgspec.DecodeError as exc:
         raise InvalidReport("MALFORMED_REQUEST", f"The body is not valid JSON: {exc}") from None
+    if json_has_nul(body):
+        # PostgreSQL's text cannot hold a NUL: the statement would fail and the heartbeat be lost. Checked
+        # on the bytes (a find, on the hottest write), so no per-string pattern runs in the decoder.
+        raise InvalidReport("VALIDATION_ERROR", "Invalid input: " + nul_message(body))
     problems = list(_cross_field_problems(report))
     if problems:
         raise InvalidReport("VALIDATION_ERROR", "Invalid input: " + "; ".join(problems))

@@ -97,8 +97,10 @@ def confirm_mass_loss(by: str, now: datetime | None = None) -> ListeningClock:
 class WebTicker:
     """The web worker's listening stamp, on a daemon thread of its own (the event loop never waits on it)."""
 
-    def __init__(self, interval_s: float = WEB_TICK_S) -> None:
-        self.interval_s = interval_s
+    def __init__(self, interval_s: float | None = None) -> None:
+        # Stamps well inside the gap (a third of it, at most every WEB_TICK_S), or the stamps themselves
+        # would look like gaps and restart every grace period.
+        self.interval_s = interval_s or max(1.0, min(WEB_TICK_S, settings.LISTENING_GAP / 3))
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, name="modelforge-listening", daemon=True)
 

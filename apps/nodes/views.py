@@ -14,10 +14,11 @@ from django.views.decorators.http import require_POST
 
 from apps.alerts.models import Alert
 from apps.nodes import codes, listening
+from apps.nodes.api.serializers import EnrollmentTokenSerializer
 from apps.nodes.filtersets import NodeFilterSet
 from apps.nodes.models import EnrollmentToken, ListeningClock, Node
 from apps.nodes.tasks import ping_node
-from modelforge.errors import ApiError
+from modelforge.errors import ApiError, describe_validation
 
 staff_required: Any = staff_member_required(login_url="dashboard:login")
 
@@ -96,7 +97,12 @@ def token_list(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         # Post/redirect/get: a reload must never mint a second token. The plain value rides in the
         # session for exactly one page view, then it is gone.
-        note = request.POST.get("note", "")[:200]
+        # The API's rules for the note (printable, one line: modelforge.validators).
+        form = EnrollmentTokenSerializer(data={"note": request.POST.get("note", "")[:200]})
+        if not form.is_valid():
+            messages.error(request, f"VALIDATION_ERROR: {describe_validation(form.errors)}")
+            return redirect("nodes:tokens")
+        note = form.validated_data.get("note", "")
         token, plain = EnrollmentToken.objects.mint(note=note, created_by=request.user)
         request.session[MINTED_SESSION_KEY] = {"id": token.pk, "plain": plain}
         return redirect("nodes:tokens")

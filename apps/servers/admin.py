@@ -5,6 +5,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from apps.core.work_actions import WorkAdminActions
 from apps.servers import recovery
 from apps.servers.choices import TERMINAL
 from apps.servers.models import ModelServer, Reservation, ServerEvent, ServerTombstone
@@ -32,7 +33,7 @@ class ServerEventInline(admin.TabularInline):
 
 
 @admin.register(ModelServer)
-class ModelServerAdmin(admin.ModelAdmin):
+class ModelServerAdmin(WorkAdminActions):
     list_display = (
         "name",
         "profile",
@@ -49,7 +50,15 @@ class ModelServerAdmin(admin.ModelAdmin):
     search_fields = ("name", "model", "node__name")
     readonly_fields = [f.name for f in ModelServer._meta.fields]
     inlines = [ReservationInline, ServerEventInline]
-    actions = ["stop_servers", "restart_servers", "replace_servers", "delete_servers"]
+    actions = [
+        "stop_servers",
+        "restart_servers",
+        "replace_servers",
+        "delete_servers",
+        "retry_work",
+        "fail_work",
+    ]
+    work_kind = "server"  # starting or stopping past its bound (apps.core.work)
 
     def has_add_permission(self, request):
         return False  # placing needs the scheduler's answer: use the dashboard or the API

@@ -24,6 +24,7 @@ from apps.servers import codes
 from apps.servers.choices import ServerState
 from apps.servers.models import ModelServer, Reservation, ServerEvent, ServerTombstone
 from apps.servers.signals import server_state_changed
+from modelforge.dispatch import send_on_commit
 from modelforge.errors import ApiError
 
 logger = logging.getLogger(__name__)
@@ -245,11 +246,8 @@ def reconcile_node(node: Node) -> Reconciled:
         if server.state == ServerState.FAILED and seen.get("state") == "running":
             if server.failure_code in ADOPTABLE:
                 done.adopted += _adopt(server, node, seen, f"it was failed {server.failure_code}")
-            elif server.failure_code == codes.LAUNCH_FAILED and _stop_copy(
-                node,
-                server_id,
-                "its start was given up (LAUNCH_FAILED): the control plane asked for the stop",
-                server,
+            elif server.failure_code in STOP_INTENDED and _stop_copy(
+                node, server_id, STOP_INTENDED[server.failure_code], server
             ):
                 done.stopped += 1
     return done
@@ -257,6 +255,12 @@ def reconcile_node(node: Node) -> Reconciled:
 
 # Failures that say nothing about the process itself: the control plane could not see it.
 ADOPTABLE = (codes.NODE_OFFLINE, codes.PROCESS_LOST, node_codes.AGENT_UNREACHABLE)
+# Failures that are a decision to stop it: the control plane gave up its start, or an operator marked it
+# failed (apps.core.work); its process is stopped when its agent reports it.
+STOP_INTENDED = {
+    codes.LAUNCH_FAILED: "its start was given up (LAUNCH_FAILED): the control plane asked for the stop",
+    "WORK_CANCELLED": "an operator marked it failed (WORK_CANCELLED)",
+}
 
 
 def _uuids(ids: Any) -> list[uuid.UUID]:
@@ -396,9 +400,7 @@ def _re_record(node: Node, server_id: str, seen: dict[str, Any]) -> int:
     if server.state == ServerState.STARTING:
         from apps.servers.tasks import watch_start
 
-        transaction.on_commit(
-            lambda: watch_start.apply_async((server_id, timezone.now().isoformat()), countdown=1)
-        )
+        send_on_commit(watch_start, server_id, timezone.now().isoformat(), countdown=1)
     logger.warning("re-recorded server %s (%s) from the agent of %s", name, server_id, node.name)
     server_state_changed.send(sender=ModelServer, server_id=server.pk)
     return 1

@@ -9,6 +9,7 @@ from django.utils import timezone
 from apps.nodes.models import GPU, Node
 from apps.servers.choices import HOLDING, TRANSITIONS, RestartPolicy, ServerState
 from apps.servers.codes import INVALID_SERVER_STATE
+from modelforge.dispatch import send_on_commit
 from modelforge.errors import ApiError
 from modelforge.errors import codes as error_codes
 
@@ -85,12 +86,11 @@ class ModelServer(models.Model):
 
     def request_stop(self, by: str) -> None:
         """Ask the agent to stop the process; the stop task finishes the transition."""
-        from django.db import transaction
 
         from apps.servers.tasks import stop_server
 
         self.transition(ServerState.STOPPING, detail=f"stop requested by {by}")
-        transaction.on_commit(lambda: stop_server.delay(str(self.pk)))
+        send_on_commit(stop_server, str(self.pk))
 
     def fail(self, code: str, message: str) -> None:
         self.transition(

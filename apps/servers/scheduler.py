@@ -22,6 +22,7 @@ from apps.servers import codes
 from apps.servers.choices import HOLDING, ServerState
 from apps.servers.models import ModelServer, Reservation
 from apps.servers.profiles import GIB, RuntimeProfile
+from modelforge.dispatch import send_on_commit
 from modelforge.errors import ApiError
 
 
@@ -536,7 +537,7 @@ def _record(
     )
     from apps.servers.tasks import start_server
 
-    transaction.on_commit(lambda: start_server.delay(str(server.pk)))
+    send_on_commit(start_server, str(server.pk))
     return server
 
 

@@ -10,6 +10,7 @@ from django.utils import timezone
 from apps.servers import codes, lifecycle
 from apps.servers.choices import ServerState
 from apps.servers.models import ModelServer
+from modelforge.dispatch import send
 
 WATCH_EVERY_S = 1.0
 
@@ -22,7 +23,7 @@ def start_server(server_id: str) -> str:
     lifecycle.launch(server)
     server.refresh_from_db()
     if server.state == ServerState.STARTING:
-        watch_start.apply_async((server_id, timezone.now().isoformat()), countdown=WATCH_EVERY_S)
+        send(watch_start, server_id, timezone.now().isoformat(), countdown=WATCH_EVERY_S)
     return server.state
 
 
@@ -33,7 +34,7 @@ def watch_start(server_id: str, started_at: str) -> str:
     if server is None or server.state != ServerState.STARTING:
         return "settled"
     if not lifecycle.check_start(server, datetime.fromisoformat(started_at)):
-        watch_start.apply_async((server_id, started_at), countdown=WATCH_EVERY_S)
+        send(watch_start, server_id, started_at, countdown=WATCH_EVERY_S)
         return "starting"
     return server.state
 

@@ -64,6 +64,7 @@ def main() -> int:
         from apps.nodes.models import EnrollmentToken, Node
 
         settings.ARTIFACT_STORE = workdir / "store"
+        settings.ARTIFACT_LOCAL_ROOTS = [workdir / "source"]
         source = workdir / "source" / "weights.safetensors"
         source.parent.mkdir(parents=True)
         block = os.urandom(1 << 20)

@@ -8,6 +8,8 @@ for each refusal. A code is a value, not a string scattered in views: import it 
 BAD_REQUEST = "BAD_REQUEST"
 VALIDATION_ERROR = "VALIDATION_ERROR"
 MALFORMED_REQUEST = "MALFORMED_REQUEST"
+# JSON nested deeper than modelforge.jsonbounds.MAX_JSON_DEPTH (a parser would recurse into a 500).
+JSON_TOO_DEEP = "JSON_TOO_DEEP"
 NOT_AUTHENTICATED = "NOT_AUTHENTICATED"
 PERMISSION_DENIED = "PERMISSION_DENIED"
 NOT_FOUND = "NOT_FOUND"
@@ -18,14 +20,21 @@ PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
 UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
 RATE_LIMITED = "RATE_LIMITED"
 SERVICE_UNAVAILABLE = "SERVICE_UNAVAILABLE"
-NOT_READY = "NOT_READY"
 CSRF_FAILED = "CSRF_FAILED"
+
+# --- Authentication throttling (modelforge.auththrottle; the log-in page's lockout, django-axes) ----
+TOO_MANY_AUTH_FAILURES = "TOO_MANY_AUTH_FAILURES"
+LOGIN_LOCKED_OUT = "LOGIN_LOCKED_OUT"
 
 # --- Start-up -------------------------------------------------------------------------------------
 MISSING_REQUIRED_SETTING = "MISSING_REQUIRED_SETTING"
 INSECURE_PRODUCTION_SETTING = "INSECURE_PRODUCTION_SETTING"
 INVALID_SETTING = "INVALID_SETTING"
 INCOMPATIBLE_DATABASE = "INCOMPATIBLE_DATABASE"
+
+# --- The platform's own stores: /readyz answers 503 with these, and the outage alerts carry them -----
+DATABASE_UNREACHABLE = "DATABASE_UNREACHABLE"
+BROKER_UNREACHABLE = "BROKER_UNREACHABLE"
 
 # Default code for an error response produced without one (e.g. by Django itself).
 BY_STATUS = {

@@ -51,7 +51,8 @@ def test_a_refused_credential_is_named_and_retried(
     assert caplog.text.count("[NODE_CREDENTIAL_INVALID]") == 1
     assert "a-credential-the-control-plane-never-issued" not in caplog.text
     assert loop.failures == 3
-    assert delays == [10 * 2 * 0.5, 10 * 4 * 0.5, 10 * 8 * 0.5]
+    # Full jitter (0.5 drawn here) under a ceiling that doubles up to three intervals (30 s).
+    assert delays == [10 * 2 * 0.5, 30 * 0.5, 30 * 0.5]
 
 
 def test_an_unreachable_control_plane_is_logged_without_the_url_details(

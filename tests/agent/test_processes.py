@@ -91,3 +91,45 @@ def test_an_engines_child_processes_count_as_managed(tmp_path: Path):
     finally:
         manager.stop("family")
     assert wait_for(lambda: manager.pids() == frozenset())
+
+
+def test_servers_left_running_by_a_crashed_agent_are_adopted_by_its_next_run(tmp_path: Path):
+    """An agent killed with SIGKILL leaves its servers running (their own sessions): the next run adopts
+    them from the state volume, reports them running with the same pid and port, and can stop them."""
+    state = tmp_path / "servers.json"
+    first = ProcessManager(tmp_path, state_file=state)
+    server = first.launch({**ECHO, "server_id": "s9", "meta": {"name": "echo-9", "profile": "test-echo"}})
+    assert wait_for(lambda: server.state == RUNNING), list(server.output)
+    pid, port = server.process.pid, server.port
+    # The first run dies without stopping anything (nothing of it runs any more).
+    second = ProcessManager(tmp_path, state_file=state)
+    assert second.adopt() == ["s9"]
+    adopted = second.get("s9")
+    assert adopted is not None
+    assert wait_for(lambda: adopted.state == RUNNING)
+    payload = adopted.as_payload()
+    assert (payload["pid"], payload["port"], payload["meta"]["name"]) == (pid, port, "echo-9")
+    assert second.pids() >= {pid}
+    second.stop("s9")
+    assert wait_for(lambda: adopted.process.poll() is not None)
+    assert server.process.wait(5) is not None  # really gone (reaped by us, its real parent, here)
+    assert json.loads(state.read_text()) == []
+    # A third run finds nothing to adopt: the list says what runs, not what once ran.
+    assert ProcessManager(tmp_path, state_file=state).adopt() == []
+
+
+def test_an_entry_whose_process_is_gone_or_is_another_process_now_is_not_adopted(tmp_path: Path):
+    import os
+
+    state = tmp_path / "servers.json"
+    own = os.getpid()
+    state.write_text(
+        json.dumps(
+            [
+                {"server_id": "gone", "pid": 2**22 - 3, "ticks": 1, "port": 1},
+                {"server_id": "reused", "pid": own, "ticks": 1, "port": 1},  # a pid now someone else's
+                {"server_id": "garbage"},
+            ]
+        )
+    )
+    assert ProcessManager(tmp_path, state_file=state).adopt() == []

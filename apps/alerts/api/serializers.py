@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -9,6 +9,7 @@ from rest_framework import serializers
 
 from apps.alerts.choices import ChannelKind
 from apps.alerts.models import Alert, Notification, NotificationChannel
+from modelforge.validators import PrintableText
 
 
 class AlertSerializer(serializers.ModelSerializer):
@@ -33,9 +34,38 @@ class AlertSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class NotificationChannelSerializer(serializers.ModelSerializer):
+# What validate() below admits, for the OpenAPI schema (a PATCH is judged with the stored kind, which a
+# schema cannot see: stated for whole bodies only). The kinds are patterns, not enums: drf-spectacular's
+# enum post-processing would replace an enum here with the kind's whole choice set. The e-mail pattern
+# is the common shape of an address; Django's validate_email, which decides, admits a little more.
+_WEBHOOK = r"^[hH][tT][tT][pP][sS]?://([^/?#@]*@)?[^/?#@:\[\]]+([:/?#].*)?$"
+_ADDRESS = (
+    r"[A-Za-z0-9_%+-]{1,64}(\.[A-Za-z0-9_%+-]{1,64}){0,3}"
+    r"@([A-Za-z0-9]([A-Za-z0-9-]{0,30}[A-Za-z0-9])?\.){1,4}[A-Za-z]{2,24}"
+)
+
+
+class NotificationChannelSerializer(PrintableText, serializers.ModelSerializer):
     """A webhook takes an http(s) URL; e-mail takes addresses separated by commas. The secret is
     write-only: it signs webhook bodies and is never shown again."""
+
+    openapi_rules: ClassVar[dict[str, Any]] = {
+        "oneOf": [
+            {
+                "properties": {
+                    "kind": {"type": "string", "pattern": "^webhook$"},
+                    "target": {"type": "string", "pattern": _WEBHOOK},
+                }
+            },
+            {
+                "properties": {
+                    "kind": {"type": "string", "pattern": "^email$"},
+                    "target": {"type": "string", "pattern": rf"^{_ADDRESS}( *, *{_ADDRESS})*$"},
+                    "secret": {"type": "string", "maxLength": 0},
+                }
+            },
+        ]
+    }
 
     secret = serializers.CharField(max_length=200, required=False, allow_blank=True, write_only=True)
     has_secret = serializers.SerializerMethodField()

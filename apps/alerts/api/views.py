@@ -11,6 +11,7 @@ from apps.alerts.api.serializers import AlertSerializer, NotificationChannelSeri
 from apps.alerts.filtersets import AlertFilterSet
 from apps.alerts.models import Alert, Notification, NotificationChannel
 from modelforge.errors import ApiError
+from modelforge.openapi import error_response
 
 
 class AlertViewSet(viewsets.ReadOnlyModelViewSet):
@@ -31,7 +32,13 @@ class NotificationChannelViewSet(viewsets.ModelViewSet):
     def perform_create(self, serializer: Any) -> None:
         serializer.save(created_by=str(getattr(self.request.user, "username", self.request.user)))
 
-    @extend_schema(request=None, responses=NotificationChannelSerializer)
+    @extend_schema(
+        request=None,
+        responses={
+            200: NotificationChannelSerializer,
+            502: error_response("NOTIFICATION_FAILED: the channel did not take the test message."),
+        },
+    )
     @action(detail=True, methods=["post"])
     def test(self, request: Request, pk: Any = None) -> Response:
         channel = self.get_object()

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.artifacts.models import Artifact, ArtifactEvent, Replica
+from apps.artifacts import codes, local_roots
+from apps.artifacts.models import Artifact, ArtifactEvent, Replica, SourceKind
+from modelforge.errors import ApiError
+from modelforge.validators import PrintableText
 
 
 class ArtifactEventSerializer(serializers.ModelSerializer):
@@ -13,8 +17,20 @@ class ArtifactEventSerializer(serializers.ModelSerializer):
         fields = ["from_state", "to_state", "at", "by", "detail"]
 
 
-class ArtifactSerializer(serializers.ModelSerializer):
+@extend_schema_field(
+    {
+        "type": "object",
+        "additionalProperties": {"type": "string", "minLength": 64, "maxLength": 64},
+        "description": "{relative path: sha256 as 64 hex digits}",
+    }
+)
+class Sha256MapField(serializers.JSONField):
+    """Expected digests by relative path; ``validate_expected_sha256`` below checks them."""
+
+
+class ArtifactSerializer(PrintableText, serializers.ModelSerializer):
     events = ArtifactEventSerializer(many=True, read_only=True)
+    expected_sha256 = Sha256MapField(required=False)
 
     class Meta:
         model = Artifact
@@ -55,15 +71,31 @@ class ArtifactSerializer(serializers.ModelSerializer):
             raise serializers.ValidationError("Give {relative path: 64-hex sha256}.")
         return value
 
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # A local path is judged when it is registered (and again when the worker reads it): the control
+        # plane serves what it acquires to every node, so it reads only under the configured roots.
+        if attrs.get("source_kind") == SourceKind.LOCAL:
+            try:
+                local_roots.admit(attrs.get("locator", ""))
+            except local_roots.LocalSourceRefused as exc:
+                raise ApiError(codes.LOCAL_SOURCE_NOT_ALLOWED, str(exc), 400) from exc
+        return attrs
 
-class ReleaseSerializer(serializers.Serializer):
+
+class ReleaseSerializer(PrintableText):
+    free_text_fields = ("reason",)
     reason = serializers.CharField(max_length=1000)
 
 
-class AmendSerializer(serializers.Serializer):
+class AmendSerializer(PrintableText):
+    free_text_fields = ("reason",)
+    # Something to amend (acquisition.amend): the licence, the expected digests, or both.
+    openapi_rules: ClassVar[dict[str, Any]] = {
+        "anyOf": [{"required": ["licence"]}, {"required": ["expected_sha256"]}]
+    }
     reason = serializers.CharField(max_length=1000)
     licence = serializers.CharField(max_length=100, required=False, allow_blank=True)
-    expected_sha256 = serializers.JSONField(required=False)
+    expected_sha256 = Sha256MapField(required=False)
 
     def validate_expected_sha256(self, value: Any) -> dict[str, str]:
         return ArtifactSerializer().validate_expected_sha256(value)
@@ -102,3 +134,6 @@ class ReplicaSerializer(serializers.ModelSerializer):
             "requested_at",
             "updated_at",
         ]
+        # No unique-together check: asking again for an artifact on the same node is the way to retry
+        # it (replication.request_replica finds the row), not a conflict.
+        validators: list[Any] = []

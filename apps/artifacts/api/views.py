@@ -2,8 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -19,6 +18,7 @@ from apps.artifacts.api.serializers import (
 from apps.artifacts.models import Artifact, ArtifactState, Replica
 from apps.artifacts.tasks import acquire
 from apps.artifacts.tasks import rehydrate as rehydrate_task
+from modelforge.dispatch import send_on_commit
 
 
 class ArtifactViewSet(
@@ -34,7 +34,7 @@ class ArtifactViewSet(
 
     def perform_create(self, serializer: Any) -> None:
         artifact = serializer.save()
-        transaction.on_commit(lambda: acquire.delay(artifact.pk))
+        send_on_commit(acquire, artifact.pk)
 
     @extend_schema(request=ReleaseSerializer, responses=ArtifactSerializer)
     @action(detail=True, methods=["post"])
@@ -69,16 +69,24 @@ class ArtifactViewSet(
     def rehydrate(self, request: Request, pk: Any = None) -> Response:
         """Re-acquire a lost or corrupt store copy from the recorded upstream only (never elsewhere)."""
         artifact = self.get_object()
-        transaction.on_commit(lambda: rehydrate_task.delay(artifact.pk))
+        send_on_commit(rehydrate_task, artifact.pk)
         return Response(ArtifactSerializer(artifact).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(request=None, responses={202: ArtifactSerializer})
+    @extend_schema(
+        request=None,
+        responses={
+            202: ArtifactSerializer,
+            200: OpenApiResponse(
+                ArtifactSerializer, description="Not failed: nothing to retry, nothing is sent."
+            ),
+        },
+    )
     @action(detail=True, methods=["post"])
     def retry(self, request: Request, pk: Any = None) -> Response:
         artifact = self.get_object()
         if artifact.state != ArtifactState.FAILED:
             return Response(ArtifactSerializer(artifact).data, status=status.HTTP_200_OK)
-        transaction.on_commit(lambda: acquire.delay(artifact.pk))
+        send_on_commit(acquire, artifact.pk)
         return Response(ArtifactSerializer(artifact).data, status=status.HTTP_202_ACCEPTED)
 
 
@@ -91,7 +99,10 @@ class ReplicaViewSet(
     serializer_class = ReplicaSerializer
     filterset_fields = ["state", "node", "artifact"]
 
+    @extend_schema(responses={202: ReplicaSerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Ask for the artifact on the node, or again (a failed replica is retried, a present or copying
+        one is answered as it is): the copy is sent to a worker, not done."""
         data = ReplicaSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         replica = replication.request_replica(

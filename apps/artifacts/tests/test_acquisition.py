@@ -29,6 +29,7 @@ ASKED: list[str] = []  # the paths the test HTTP server was asked for
 @pytest.fixture(autouse=True)
 def store(settings, tmp_path):
     settings.ARTIFACT_STORE = tmp_path / "store"
+    settings.ARTIFACT_LOCAL_ROOTS = [tmp_path]  # local sources are read only under a root (test_local_roots)
     return settings.ARTIFACT_STORE
 
 
@@ -196,8 +197,11 @@ def test_the_api_requests_and_releases_with_the_envelope(operator_client, tmp_pa
         format="json",
     )
     assert created.status_code == 400 and created.json()["code"] == "VALIDATION_ERROR"
+    # Not tmp_path itself: it holds the store, which is never read as a source.
     created = operator_client.post(
-        "/api/v1/artifacts", {"name": "m1", "source_kind": "local", "locator": str(tmp_path)}, format="json"
+        "/api/v1/artifacts",
+        {"name": "m1", "source_kind": "local", "locator": str(tmp_path / "m1")},
+        format="json",
     )
     assert created.status_code == 201 and created.json()["state"] == "requested"
     refused = operator_client.post(

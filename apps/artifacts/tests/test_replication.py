@@ -42,6 +42,7 @@ def node(live_web, tmp_path):
 @pytest.fixture
 def ready(tmp_path, settings):
     settings.ARTIFACT_STORE = tmp_path / "store"
+    settings.ARTIFACT_LOCAL_ROOTS = [tmp_path / "sources"]
 
     def make(name: str, layout: dict[str, bytes]) -> Artifact:
         source = tmp_path / "sources" / name

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.backups.models import Backup, BackupEvent, Restore, RestorePhase
+from apps.backups.models import Backup, BackupEvent, Restore, RestorePhase, RestorePhaseName, ReviewDecision
+from modelforge.validators import PrintableText
 
 
 class BackupEventSerializer(serializers.ModelSerializer):
@@ -62,6 +64,11 @@ class RestorePhaseSerializer(serializers.ModelSerializer):
 
 class RestoreSerializer(serializers.ModelSerializer):
     phases = RestorePhaseSerializer(many=True, read_only=True)
+    # Blank until the restore starts / is reviewed: stated, so that the schema admits the empty string.
+    phase = serializers.ChoiceField(choices=RestorePhaseName.choices, allow_blank=True, read_only=True)
+    review_decision = serializers.ChoiceField(
+        choices=ReviewDecision.choices, allow_blank=True, read_only=True
+    )
 
     class Meta:
         model = Restore
@@ -92,13 +99,23 @@ class RestoreSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class RestoreRequestSerializer(serializers.Serializer):
+# "not {}": no value is valid, so a client that follows the schema leaves it out (null is ignored too).
+@extend_schema_field({"not": {}})
+class NotSupportedField(serializers.DateTimeField):
+    """A field the API names only to refuse."""
+
+
+class RestoreRequestSerializer(PrintableText):
+    free_text_fields = ("reason",)
     backup = serializers.PrimaryKeyRelatedField(queryset=Backup.objects.all())
     reason = serializers.CharField(max_length=2000)
-    point_in_time = serializers.DateTimeField(
-        required=False, help_text="Not supported in v1: a request naming one is refused with NOT_SUPPORTED."
+    point_in_time = NotSupportedField(
+        required=False,
+        allow_null=True,
+        help_text="Not supported in v1: a request naming one is refused with NOT_SUPPORTED; null is ignored.",
     )
 
 
-class ReviewSerializer(serializers.Serializer):
+class ReviewSerializer(PrintableText):
+    free_text_fields = ("reason",)
     reason = serializers.CharField(max_length=2000)

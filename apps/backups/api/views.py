@@ -3,8 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -21,6 +20,7 @@ from apps.backups.api.serializers import (
 )
 from apps.backups.models import Backup, BackupState, Restore, ReviewDecision
 from apps.backups.tasks import run_restore, take_backup, verify_backup
+from modelforge.dispatch import send_on_commit
 
 
 def _who(request: Request) -> str:
@@ -38,17 +38,23 @@ class BackupViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     @extend_schema(request=None, responses={202: BackupSerializer})
     def create(self, request: Request) -> Response:
         backup = snapshot.request_backup(trigger="operator", by=_who(request))
-        transaction.on_commit(lambda: take_backup.delay(backup.pk))
+        send_on_commit(take_backup, backup.pk)
         return Response(BackupSerializer(backup).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(request=None, responses={202: BackupSerializer})
+    @extend_schema(
+        request=None,
+        responses={
+            202: BackupSerializer,
+            200: OpenApiResponse(BackupSerializer, description="Not completed or verified: nothing is sent."),
+        },
+    )
     @action(detail=True, methods=["post"])
     def verify(self, request: Request, pk: Any = None) -> Response:
         """Verify again (a verified backup whose files changed becomes failed / VERIFICATION_FAILED)."""
         backup = self.get_object()
         if backup.state not in (BackupState.COMPLETED, BackupState.VERIFIED):
             return Response(BackupSerializer(backup).data, status=status.HTTP_200_OK)
-        transaction.on_commit(lambda: verify_backup.delay(backup.pk))
+        send_on_commit(verify_backup, backup.pk)
         return Response(BackupSerializer(backup).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses=BackupSummarySerializer)
@@ -84,7 +90,7 @@ class RestoreViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         queued = restore.request_restore(
             data.validated_data["backup"], by=_who(request), reason=data.validated_data["reason"]
         )
-        transaction.on_commit(lambda: run_restore.delay(queued.pk))
+        send_on_commit(run_restore, queued.pk)
         return Response(RestoreSerializer(queued).data, status=status.HTTP_202_ACCEPTED)
 
     def _review(self, request: Request, decision: str) -> Response:

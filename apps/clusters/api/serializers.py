@@ -1,21 +1,23 @@
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import Any, ClassVar
 
+from django.core.validators import RegexValidator
+from django.utils import timezone
 from rest_framework import serializers
 
 from apps.clusters.models import CAPABILITY, Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
+from modelforge.validators import PrintableText
+
+# Capabilities are matched exactly, so they are written exactly: no spaces, lower case, @version. A
+# RegexValidator, so that the OpenAPI schema states the pattern too.
+exact_capability = RegexValidator(
+    CAPABILITY, message="%(value)r is not name@version in lower case, e.g. rag.embedding@1."
+)
 
 
-def exact_capability(value: str) -> None:
-    """Capabilities are matched exactly, so they are written exactly: no spaces, lower case, @version."""
-    if not CAPABILITY.match(value):
-        raise serializers.ValidationError(
-            f"{value!r} is not name@version in lower case, e.g. rag.embedding@1."
-        )
-
-
-class CapabilitySerializer(serializers.ModelSerializer):
+class CapabilitySerializer(PrintableText, serializers.ModelSerializer):
     name = serializers.CharField(max_length=80, validators=[exact_capability], trim_whitespace=False)
 
     class Meta:
@@ -23,14 +25,14 @@ class CapabilitySerializer(serializers.ModelSerializer):
         fields = ["id", "name", "description"]
 
 
-class ClusterMemberSerializer(serializers.ModelSerializer):
+class ClusterMemberSerializer(PrintableText, serializers.ModelSerializer):
     class Meta:
         model = ClusterMember
         fields = ["id", "cluster", "name", "gpus", "weight", "server"]
         read_only_fields = ["server"]
 
 
-class ClusterSerializer(serializers.ModelSerializer):
+class ClusterSerializer(PrintableText, serializers.ModelSerializer):
     members = ClusterMemberSerializer(many=True, read_only=True)
     servers_attached = serializers.SerializerMethodField()
 
@@ -42,7 +44,17 @@ class ClusterSerializer(serializers.ModelSerializer):
         return any(m.server_id for m in cluster.members.all())
 
 
-class RoutingTierSerializer(serializers.ModelSerializer):
+class RoutingTierSerializer(PrintableText, serializers.ModelSerializer):
+    # Exactly one of a cluster and a server (validate() below): oneOf holds when just one of them is
+    # given and not null. A PATCH is judged with the tier's stored binding, which a schema cannot see:
+    # stated for whole bodies only.
+    openapi_rules: ClassVar[dict[str, Any]] = {
+        "oneOf": [
+            {"required": ["cluster"], "properties": {"cluster": {"type": "integer"}}},
+            {"required": ["server"], "properties": {"server": {"type": "string", "format": "uuid"}}},
+        ]
+    }
+
     class Meta:
         model = RoutingTier
         fields = ["id", "capability", "tier", "cluster", "server", "weight", "project"]
@@ -57,10 +69,11 @@ class RoutingTierSerializer(serializers.ModelSerializer):
         return attrs
 
 
-class ClientCredentialSerializer(serializers.ModelSerializer):
+class ClientCredentialSerializer(PrintableText, serializers.ModelSerializer):
     scopes = serializers.ListField(
         child=serializers.CharField(max_length=80, validators=[exact_capability], trim_whitespace=False),
         allow_empty=False,
+        min_length=1,  # the same rule, in the words the OpenAPI schema states (minItems)
         max_length=100,
     )
 
@@ -78,6 +91,14 @@ class ClientCredentialSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = ["display_prefix", "created_at", "revoked_at"]
 
+    def validate_expires_at(self, value: datetime | None) -> datetime | None:
+        # Minted already expired, it would be refused at its first use with nothing to say it never worked.
+        if value is not None and value <= timezone.now():
+            raise serializers.ValidationError(
+                "Give a time in the future: a credential is not minted expired."
+            )
+        return value
+
     def mint(self, created_by: Any) -> tuple[ClientCredential, str]:
         """The credential and its plain value (shown once), from the validated data."""
         return ClientCredential.objects.mint(
@@ -94,3 +115,44 @@ class MintedCredentialSerializer(ClientCredentialSerializer):
 
     class Meta(ClientCredentialSerializer.Meta):
         fields = [*ClientCredentialSerializer.Meta.fields, "credential"]
+
+
+class AttachSerializer(serializers.Serializer):
+    """``POST /cluster-members/{id}/attach``: the model server to attach."""
+
+    server = serializers.UUIDField(help_text="The id of an existing model server.")
+
+
+class BenchSerializer(serializers.Serializer):
+    since = serializers.FloatField(help_text="Unix time.")
+    until = serializers.FloatField(help_text="Unix time.")
+    reason = serializers.CharField()
+    count = serializers.IntegerField(help_text="Benches in the window.")
+    remaining_s = serializers.FloatField()
+
+
+class MemberShareSerializer(serializers.Serializer):
+    """One member's configured share against its actual share (``apps.clusters.loadbalancer``)."""
+
+    member = serializers.CharField()
+    server = serializers.CharField(allow_null=True)
+    weight = serializers.IntegerField()
+    configured_share = serializers.FloatField()
+    actual_share = serializers.FloatField(allow_null=True)
+    requests = serializers.IntegerField()
+    errors = serializers.IntegerField()
+    drift = serializers.BooleanField()
+    reason = serializers.CharField(allow_blank=True)
+    bench = BenchSerializer(allow_null=True)
+
+
+class LoadBalancerReportSerializer(serializers.Serializer):
+    cluster = serializers.CharField()
+    algorithm = serializers.CharField()
+    effective_algorithm = serializers.CharField()
+    mixed_routing = serializers.BooleanField()
+    window_minutes = serializers.IntegerField()
+    requests = serializers.IntegerField()
+    steady = serializers.BooleanField()
+    redis_ok = serializers.BooleanField()
+    members = MemberShareSerializer(many=True)

@@ -26,7 +26,7 @@ class ClusterViewSet(viewsets.ModelViewSet):
     queryset = Cluster.objects.prefetch_related("members")
     serializer_class = s.ClusterSerializer
 
-    @extend_schema(responses={200: None})
+    @extend_schema(responses=s.LoadBalancerReportSerializer)
     @action(detail=True, methods=["get"], url_path="load-balancer")
     def load_balancer(self, request: Request, pk: Any = None) -> Response:
         """Configured against actual share per member over the last minutes, drift, bench state."""
@@ -52,7 +52,7 @@ class ClusterMemberViewSet(viewsets.ModelViewSet):
         instance.cluster.refuse_membership_change()
         instance.delete()
 
-    @extend_schema(request=None, responses=s.ClusterMemberSerializer)
+    @extend_schema(request=s.AttachSerializer, responses=s.ClusterMemberSerializer)
     @action(detail=True, methods=["post"])
     def attach(self, request: Request, pk: Any = None) -> Response:
         member = self.get_object()

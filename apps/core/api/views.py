@@ -1,13 +1,24 @@
 from __future__ import annotations
 
 from django.db import transaction
-from drf_spectacular.utils import extend_schema
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import generics
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.reverse import reverse
 from rest_framework.views import APIView
 
-from apps.core.api.serializers import SystemStatusSerializer, WorkerProbeSerializer
+from apps.core import work, work_actions
+from apps.core.api.serializers import (
+    InvariantsSerializer,
+    SystemStatusSerializer,
+    WorkerProbeSerializer,
+    WorkFailedSerializer,
+    WorkFilterSerializer,
+    WorkSerializer,
+)
 from apps.core.status import system_status
 from apps.core.tasks import record_worker_seen
 
@@ -40,8 +51,75 @@ class InvariantsView(APIView):
     it. Authoritative tables only (never the monitoring store). 200 either way: a broken invariant is an
     answer, not an error."""
 
-    @extend_schema(responses={200: None}, operation_id="system_invariants")
+    @extend_schema(responses=InvariantsSerializer, operation_id="system_invariants")
     def get(self, request: Request) -> Response:
         from apps.core.invariants import check_live
 
         return Response(check_live())
+
+
+def _operator(request: Request) -> str:
+    return str(getattr(request.user, "username", None) or request.user)
+
+
+WORK_PATH = [
+    OpenApiParameter("kind", OpenApiTypes.STR, OpenApiParameter.PATH, enum=list(work.KINDS)),
+    OpenApiParameter("id", OpenApiTypes.STR, OpenApiParameter.PATH, description="The row's id."),
+]
+
+
+class WorkListView(generics.GenericAPIView):
+    """Every row waiting on background work, oldest first: what it waits on, since when, its bound and
+    whether it is past it (``stuck``: it has raised ``WORK_STUCK``). The way out is retry or fail."""
+
+    serializer_class = WorkSerializer
+    filter_backends: list[type] = []  # the filters are the two below, read by WorkFilterSerializer
+
+    @extend_schema(
+        operation_id="system_work_list",
+        parameters=[
+            OpenApiParameter("kind", OpenApiTypes.STR, enum=list(work.KINDS), description="Only this kind."),
+            OpenApiParameter(
+                "stuck", OpenApiTypes.BOOL, description="Only rows past (true) or within (false) their bound."
+            ),
+        ],
+        responses=WorkSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        # An empty value is the same as leaving the parameter out, as everywhere in the API.
+        filters = WorkFilterSerializer(data={k: v for k, v in request.query_params.dict().items() if v != ""})
+        filters.is_valid(raise_exception=True)
+        now = timezone.now()
+        rows = [item.as_dict(now) for item in filters.rows(now)]
+        # The project's paginator (its limits and shape) over a list: the rows come from several tables.
+        page = self.paginate_queryset(rows)  # type: ignore[arg-type, var-annotated]
+        return self.get_paginated_response(WorkSerializer(page, many=True).data)
+
+
+class WorkRetryView(APIView):
+    """Send a waiting row's work again (every task claims its row first, so a retry never runs it twice).
+    202 with the row: the work is sent, not done; a broker that is away delays it, the watchdog re-sends."""
+
+    @extend_schema(
+        operation_id="system_work_retry", parameters=WORK_PATH, request=None, responses={202: WorkSerializer}
+    )
+    def post(self, request: Request, kind: str, id: str) -> Response:
+        item = work.retry(kind, id, by=_operator(request))
+        return Response(WorkSerializer(item.as_dict(timezone.now())).data, status=202)
+
+
+class WorkFailView(APIView):
+    """Mark a waiting row failed (``WORK_CANCELLED`` and ``marked failed by <operator>``) and clear its
+    ``WORK_STUCK``; a row that moved on meanwhile is ``409 WORK_NOT_WAITING`` and nothing is changed."""
+
+    @extend_schema(
+        operation_id="system_work_fail",
+        parameters=WORK_PATH,
+        request=None,
+        responses={200: WorkFailedSerializer},
+    )
+    def post(self, request: Request, kind: str, id: str) -> Response:
+        by = _operator(request)
+        item = work_actions.mark_failed(kind, id, by)
+        answer = {"kind": item.kind, "id": item.id, "name": item.name, "was": item.state, "state": "failed"}
+        return Response(WorkFailedSerializer({**answer, "by": by}).data)

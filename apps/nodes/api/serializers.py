@@ -1,12 +1,15 @@
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+from django.core.validators import RegexValidator
 from rest_framework import serializers
 
 from apps.nodes.choices import Accelerator
 from apps.nodes.models import GPU, EnrollmentToken, ListeningClock, Node, NodeEvent
+from modelforge.validators import PrintableText
 
 NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 
@@ -22,8 +25,30 @@ def http_url(value: str) -> None:
         raise serializers.ValidationError("Enter an http(s) URL such as http://gpu-01:8471.")
 
 
-class StrictSerializer(serializers.Serializer):
-    """Refuses fields it does not know: an agent can set only what it reports."""
+# Characters no name or URL may hold (modelforge.validators), as a regular-expression class body.
+_UNPRINTABLE = r"\u0000-\u001f\u007f-\u009f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+
+
+class HttpUrl(RegexValidator):
+    """``http_url`` as a validator whose pattern the OpenAPI schema states: http(s), a host, a port that
+    is a number. The check itself stays ``http_url`` (the pattern only describes it)."""
+
+    regex = re.compile(
+        rf"^[hH][tT][tT][pP][sS]?://([^/?#@{_UNPRINTABLE}]*@)?[^/?#@:\[\]{_UNPRINTABLE}]+"
+        r"(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4})?)?"
+        rf"([/?#][^{_UNPRINTABLE}]*)?$"
+    )
+
+    def __call__(self, value: Any) -> None:
+        http_url(value)
+
+
+class StrictSerializer(PrintableText):
+    """Refuses fields it does not know: an agent can set only what it reports. Its text is printable
+    (modelforge.validators)."""
+
+    openapi_rules: ClassVar[dict[str, Any]] = {"additionalProperties": False}
+    openapi_partial_rules: ClassVar[dict[str, Any]] = {"additionalProperties": False}
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):
@@ -45,7 +70,11 @@ class EnrollRequestSerializer(StrictSerializer):
     accelerator = serializers.ChoiceField(choices=Accelerator.choices)
     agent_version = serializers.CharField(max_length=32)
     # Not URLField: a container's host name (no dot) is a perfectly good address for the control plane.
-    agent_url = serializers.CharField(max_length=255, validators=[http_url])
+    agent_url = serializers.CharField(max_length=255, validators=[HttpUrl()])
+
+
+class PingSerializer(serializers.Serializer):
+    task_id = serializers.CharField(help_text="The Celery task that pings the node's agent.")
 
 
 class EnrollResponseSerializer(serializers.Serializer):
@@ -135,7 +164,7 @@ class NodeDetailSerializer(NodeSerializer):
         return NodeEventSerializer(node.events.all()[:20], many=True).data  # type: ignore[return-value]
 
 
-class EnrollmentTokenSerializer(serializers.ModelSerializer):
+class EnrollmentTokenSerializer(PrintableText, serializers.ModelSerializer):
     state = serializers.CharField(read_only=True)
     ttl_seconds = serializers.IntegerField(
         write_only=True,
@@ -144,7 +173,7 @@ class EnrollmentTokenSerializer(serializers.ModelSerializer):
         max_value=30 * 86400,
         help_text="Lifetime in seconds (default MODELFORGE_ENROLLMENT_TOKEN_TTL).",
     )
-    node_name = serializers.CharField(source="node.name", read_only=True, default=None)
+    node_name = serializers.CharField(source="node.name", read_only=True, default=None, allow_null=True)
 
     class Meta:
         model = EnrollmentToken

@@ -17,6 +17,8 @@ from apps.nodes.enrollment import enroll
 from apps.nodes.filtersets import EnrollmentTokenFilterSet, NodeFilterSet
 from apps.nodes.models import EnrollmentToken, Node
 from apps.nodes.tasks import ping_node
+from modelforge import auththrottle
+from modelforge.errors import ApiError
 
 
 def _operator(request: Request) -> str:
@@ -35,9 +37,18 @@ class EnrollView(APIView):
         operation_id="agent_enroll",
     )
     def post(self, request: Request) -> Response:
+        # An address with too many failed tokens is refused before its token is looked at: a valid token
+        # from it waits, unspent, until the block ends (modelforge.auththrottle).
+        source = auththrottle.source_of(request)
+        auththrottle.refuse_if_blocked(auththrottle.ENROLLMENT, source)
         data = s.EnrollRequestSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        enrollment = enroll(**data.validated_data)
+        try:
+            enrollment = enroll(**data.validated_data)
+        except ApiError as exc:
+            if exc.status == 401:  # unknown, revoked or expired: a failed authentication
+                auththrottle.count_failure(auththrottle.ENROLLMENT, source)
+            raise
         body = {
             "node_id": enrollment.node.pk,
             "node_name": enrollment.node.name,
@@ -72,7 +83,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
         node.set_enabled(False, by=_operator(request))
         return Response(s.NodeDetailSerializer(node).data)
 
-    @extend_schema(request=None, responses={202: None})
+    @extend_schema(request=None, responses={202: s.PingSerializer})
     @action(detail=True, methods=["post"])
     def ping(self, request: Request, pk: Any = None) -> Response:
         """Enqueue a signed ping; the result shows on the node (agent_reached_at, cluster_secret_mismatch)."""

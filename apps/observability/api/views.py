@@ -32,6 +32,18 @@ class TelemetrySampleSerializer(serializers.ModelSerializer):
         ]
 
 
+# The query's bounds, as the schema states them (MinutesSerializer and TrafficQuerySerializer check them).
+MINUTES = {"type": "integer", "minimum": 1, "maximum": 7 * 24 * 60}
+BACKEND = {"type": "string", "maxLength": 64}
+
+
+class NodeTelemetrySerializer(serializers.Serializer):
+    node = serializers.UUIDField()
+    node_name = serializers.CharField()
+    since = serializers.DateTimeField()
+    samples = TelemetrySampleSerializer(many=True)
+
+
 class MinutesSerializer(serializers.Serializer):
     minutes = serializers.IntegerField(min_value=1, max_value=7 * 24 * 60, default=60)
 
@@ -41,8 +53,10 @@ class NodeTelemetryView(APIView):
     monitoring store is unavailable; nothing else depends on it."""
 
     @extend_schema(
-        parameters=[OpenApiParameter("minutes", int, description="How far back, 1 to 10080 (default 60).")],
-        responses=TelemetrySampleSerializer(many=True),
+        parameters=[
+            OpenApiParameter("minutes", MINUTES, description="How far back, 1 to 10080 (default 60).")
+        ],
+        responses=NodeTelemetrySerializer,
     )
     def get(self, request: Request, pk: Any) -> Response:
         node = get_object_or_404(Node, pk=pk)
@@ -74,6 +88,11 @@ class TrafficSampleSerializer(serializers.ModelSerializer):
         fields = ["backend", "minute", "requests", "errors"]
 
 
+class TrafficSerializer(serializers.Serializer):
+    since = serializers.DateTimeField()
+    samples = TrafficSampleSerializer(many=True)
+
+
 class TrafficQuerySerializer(MinutesSerializer):
     backend = serializers.CharField(max_length=64, required=False)
 
@@ -85,10 +104,10 @@ class TrafficView(APIView):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("minutes", int, description="How far back, 1 to 10080 (default 60)."),
-            OpenApiParameter("backend", str, description="One model server's id."),
+            OpenApiParameter("minutes", MINUTES, description="How far back, 1 to 10080 (default 60)."),
+            OpenApiParameter("backend", BACKEND, description="One model server's id."),
         ],
-        responses=TrafficSampleSerializer(many=True),
+        responses=TrafficSerializer,
     )
     def get(self, request: Request) -> Response:
         query = TrafficQuerySerializer(data=request.query_params)

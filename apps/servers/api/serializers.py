@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from django.db import transaction
 from drf_spectacular.utils import extend_schema_field
@@ -15,11 +15,20 @@ from apps.servers.models import ModelServer, ServerEvent
 from apps.servers.scheduler import Request as PlaceRequest
 from apps.servers.scheduler import place
 from apps.servers.usage import used_by
+from modelforge.validators import PrintableText
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 
 
-class PlaceRequestSerializer(serializers.Serializer):
+class PlaceRequestSerializer(PrintableText):
+    # A model name or an artifact (validate() below).
+    openapi_rules: ClassVar[dict[str, Any]] = {
+        "anyOf": [
+            {"required": ["model"]},
+            {"required": ["artifact"], "properties": {"artifact": {"type": "integer"}}},
+        ]
+    }
+
     name = serializers.RegexField(NAME, max_length=63)
     profile = serializers.CharField(max_length=63)
     model = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$", max_length=255, required=False)
@@ -63,7 +72,12 @@ class PlaceRequestSerializer(serializers.Serializer):
 
 
 class ServerChangeSerializer(StrictSerializer):
-    """What ``PATCH /servers/{id}`` may change: only the restart policy."""
+    """What ``PATCH /servers/{id}`` may change: only the restart policy, which it must name."""
+
+    openapi_partial_rules: ClassVar[dict[str, Any]] = {
+        **StrictSerializer.openapi_partial_rules,
+        "required": ["restart_policy"],
+    }
 
     restart_policy = serializers.ChoiceField(choices=RestartPolicy.choices)
 
@@ -75,7 +89,7 @@ class ServerEventSerializer(serializers.ModelSerializer):
 
 
 class ModelServerSerializer(serializers.ModelSerializer):
-    node_name = serializers.CharField(source="node.name", read_only=True, default=None)
+    node_name = serializers.CharField(source="node.name", read_only=True, default=None, allow_null=True)
     gpu_indexes = serializers.SerializerMethodField()
     next_restart_at = serializers.SerializerMethodField(
         help_text="When the restart policy tries again; null when it will not."

@@ -1,0 +1,79 @@
+"""The platform's error contract as schemathesis checks, shared by the in-process run in `make test`
+(tests/test_api_fuzz.py) and the long run against a live server (bench/fuzz/run.py).
+
+1. ``error_envelope``: every error answer other than the 500 is JSON with exactly the keys ``code``,
+   ``message`` and ``correlation_id``, each a non-empty string.
+2. ``plain_internal_server_error``: a 500 is the body ``Internal Server Error`` exactly, as
+   ``text/plain``: no DSN, driver, SQL, path or traceback.
+3. ``no_internal_server_error``: no input produces a 500 at all.
+
+Registering them with ``@schemathesis.check`` makes them part of every run that imports this module
+(the CLI through ``SCHEMATHESIS_HOOKS=tests.contract_checks``)."""
+
+from __future__ import annotations
+
+import json
+
+import schemathesis
+
+ENVELOPE_KEYS = frozenset({"code", "message", "correlation_id"})
+INTERNAL_SERVER_ERROR = b"Internal Server Error"
+
+
+def _content(response: schemathesis.Response) -> bytes:
+    return response.content or b""
+
+
+def _content_type(response: schemathesis.Response) -> str:
+    return (response.headers.get("content-type") or [""])[0]
+
+
+@schemathesis.check
+def error_envelope(
+    ctx: schemathesis.CheckContext, response: schemathesis.Response, case: schemathesis.Case
+) -> bool | None:
+    """An error answer (4xx, or a 5xx other than the plain 500) is exactly the envelope."""
+    if response.status_code < 400 or response.status_code == 500:
+        return None
+    if not _content_type(response).startswith("application/json"):
+        raise AssertionError(f"{response.status_code} is not JSON: {_content_type(response)!r}")
+    try:
+        body = json.loads(_content(response))
+    except ValueError as exc:
+        raise AssertionError(
+            f"{response.status_code} body is not JSON: {_content(response)[:200]!r}"
+        ) from exc
+    if not isinstance(body, dict) or set(body) != ENVELOPE_KEYS:
+        keys = sorted(body) if isinstance(body, dict) else type(body).__name__
+        raise AssertionError(f"{response.status_code} body is not the envelope: keys {keys}")
+    empty = [key for key in sorted(ENVELOPE_KEYS) if not isinstance(body[key], str) or not body[key]]
+    if empty:
+        raise AssertionError(f"{response.status_code} envelope has empty or non-string {empty}")
+    return True
+
+
+@schemathesis.check
+def plain_internal_server_error(
+    ctx: schemathesis.CheckContext, response: schemathesis.Response, case: schemathesis.Case
+) -> bool | None:
+    """A 500 says nothing but ``Internal Server Error``, as text/plain."""
+    if response.status_code != 500:
+        return None
+    if _content(response) != INTERNAL_SERVER_ERROR:
+        raise AssertionError(f"500 body is not exactly 'Internal Server Error': {_content(response)[:200]!r}")
+    if not _content_type(response).startswith("text/plain"):
+        raise AssertionError(f"500 is not text/plain: {_content_type(response)!r}")
+    return True
+
+
+@schemathesis.check
+def no_internal_server_error(
+    ctx: schemathesis.CheckContext, response: schemathesis.Response, case: schemathesis.Case
+) -> bool | None:
+    """No input produces a 500."""
+    if response.status_code == 500:
+        raise AssertionError(f"500 Internal Server Error for {case.method} {case.formatted_path}")
+    return True
+
+
+CONTRACT_CHECKS = (error_envelope, plain_internal_server_error, no_internal_server_error)

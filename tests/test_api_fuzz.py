@@ -1,0 +1,303 @@
+"""schemathesis over every operation of the OpenAPI document, in process: a short run with a fixed seed.
+
+Each operation is a test of its own (its own transaction, rolled back), called through Django's WSGI
+handler with the operator's key, with positive and negative cases. Every answer must be documented by
+the schema (status code, content type, body) and keep the error contract (tests/contract_checks.py):
+the envelope on every error, the exact plain 500, and no 500 at all. The long run, stateful included,
+is bench/fuzz/run.py against a running server.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import hypothesis
+import pytest
+import schemathesis
+from django.conf import settings
+from django.core.handlers.wsgi import WSGIHandler
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections, transaction
+from django.utils import timezone
+from drf_spectacular.generators import SchemaGenerator
+from schemathesis.core.parameters import ParameterLocation
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    positive_data_acceptance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from tests.contract_checks import CONTRACT_CHECKS
+
+SEED = 20261130
+MAX_EXAMPLES = int(os.environ.get("FUZZ_N", "4"))
+
+CONFIG = schemathesis.Config.from_dict(
+    {
+        "seed": SEED,
+        # U+0000 is refused anywhere in a body, keys included (modelforge.parsers): a rule the schema
+        # states for text fields (their pattern) but cannot for the keys of an open object.
+        "generation": {"max-examples": MAX_EXAMPLES, "mode": "all", "database": "none", "allow-x00": False},
+        "phases": {"coverage": {"enabled": False}, "stateful": {"enabled": False}},
+    }
+)
+
+
+def _document() -> dict[str, Any]:
+    # The document /api/v1/schema/ serves (the view runs the same generator); built here so that
+    # collecting this module needs no database or HTTP round trip.
+    return SchemaGenerator().get_schema(request=None, public=True)
+
+
+schema = schemathesis.openapi.from_dict(_document(), config=CONFIG)
+schema.app = WSGIHandler()
+
+# Operations whose acceptance of a schema-valid body depends on stored rows or configuration the schema
+# cannot see: positive_data_acceptance is left out for them; every other check runs.
+ACCEPTANCE_DEPENDS_ON_STATE = {
+    "POST /api/v1/servers": "placement: the runtime profile's own rules (GPUs, weights), nodes, capacity",
+    "PATCH /api/v1/routing-tiers/{id}": "exactly one of cluster and server, counting the stored binding",
+    "PATCH /api/v1/notification-channels/{id}": "the target is judged by the stored kind",
+}
+
+CHECKS = [
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    positive_data_acceptance,
+    *CONTRACT_CHECKS,
+]
+CHECKS_WITHOUT_ACCEPTANCE = [check for check in CHECKS if check is not positive_data_acceptance]
+
+
+@pytest.fixture(autouse=True)
+def _keep_the_test_connection() -> Iterator[None]:
+    """Django closes the connection at the end of each request; the test's transaction lives on it.
+    Django's own test client disconnects the same receivers."""
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    yield
+    request_started.connect(close_old_connections)
+    request_finished.connect(close_old_connections)
+
+
+@pytest.fixture
+def world(settings: Any, tmp_path: Path) -> dict[str, Any]:
+    """One or two rows of every kind an operation's path can name, in the states whose answers differ,
+    so that positive cases reach real rows rather than 404s. Keys are the paths' first segment; lists of
+    ids, except ``local-source``, a folder under the allowed local roots."""
+    from apps.alerts.models import Alert, Notification, NotificationChannel
+    from apps.artifacts.models import Artifact, Replica
+    from apps.backups.models import Backup, Restore
+    from apps.clusters.models import Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
+    from apps.nodes.models import EnrollmentToken
+    from apps.nodes.tests.factories import beat, heartbeat_report, make_node
+    from apps.observability.models import TelemetrySample, TrafficSample
+    from apps.servers.models import ModelServer
+
+    now = timezone.now()
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "weights.bin").write_bytes(b"fuzz")
+    settings.ARTIFACT_LOCAL_ROOTS = [tmp_path]
+    # An agent on a closed loopback port: a call to it is refused at once, never waited on.
+    node, credential = make_node(name="fuzz-node", agent_url="http://127.0.0.1:1")
+    beat(credential, {**heartbeat_report(gpus=1), "agent_url": "http://127.0.0.1:1"})
+    quiet, _ = make_node(name="fuzz-quiet", accelerator="cpu", enabled=False, agent_url="http://127.0.0.1:1")
+    TelemetrySample.objects.create(
+        node_id=node.pk,
+        node_name=node.name,
+        gpu_index=0,
+        at=now,
+        reported_at=now,
+        memory_total_bytes=2**34,
+        memory_used_bytes=2**32,
+        memory_managed_bytes=2**31,
+        utilization_percent=40,
+        temperature_c=60,
+    )
+    running = ModelServer.objects.create(
+        name="fuzz-running", profile="test-echo", model="m", node=node, port=9, state="running"
+    )
+    failed = ModelServer.objects.create(
+        name="fuzz-failed",
+        profile="test-echo",
+        model="m",
+        node=node,
+        state="failed",
+        failure_code="PROCESS_LOST",
+    )
+    starting = ModelServer.objects.create(
+        name="fuzz-starting", profile="test-echo", model="m", node=node, state="starting"
+    )
+    TrafficSample.objects.create(backend=str(running.pk), minute=now, requests=3, errors=1)
+    used, _ = EnrollmentToken.objects.mint(note="used")
+    EnrollmentToken.objects.filter(pk=used.pk).update(node=node, used_at=now)
+    fresh, _ = EnrollmentToken.objects.mint(note="fresh")
+    Alert.objects.raise_alert("WORK_STUCK", "warning", "node", str(node.pk), node.name, "fuzz")
+    alert = Alert.objects.get()
+    channel = NotificationChannel.objects.create(
+        name="fuzz-hook", kind="webhook", target="http://127.0.0.1:1/"
+    )
+    notification = Notification.objects.create(channel=channel, alert=alert, event="raised")
+    digest = "0" * 64
+    ready = Artifact.objects.create(
+        name="fuzz-ready",
+        source_kind="huggingface",
+        locator="org/model",
+        revision="r1",
+        state="ready",
+        expected_sha256={"model.bin": digest},
+        files=[{"path": "model.bin", "size": 1, "sha256": digest}],
+    )
+    broken = Artifact.objects.create(
+        name="fuzz-failed",
+        source_kind="huggingface",
+        locator="org/other",
+        revision="r1",
+        state="failed",
+        failure_code="SOURCE_UNREACHABLE",
+    )
+    waiting = Artifact.objects.create(
+        name="fuzz-requested", source_kind="huggingface", locator="org/w", revision="r1"
+    )
+    quarantined = Artifact.objects.create(
+        name="fuzz-quarantined",
+        source_kind="huggingface",
+        locator="org/q",
+        revision="r1",
+        state="quarantined",
+        quarantine_rule="licence",
+    )
+    present = Replica.objects.create(artifact=ready, node=node, name="fuzz-ready", state="present")
+    copying = Replica.objects.create(artifact=ready, node=quiet, name="fuzz-ready", state="requested")
+    verified = Backup.objects.create(
+        state="verified", finished_at=now, consistent_as_of=now - timedelta(minutes=1), verified_at=now
+    )
+    queued = Backup.objects.create(state="queued")
+    reviewable = Restore.objects.create(
+        backup=verified,
+        state="failed",
+        requested_by="fuzz",
+        reason="fuzz",
+        needs_review=True,
+        failure_code="RESTORE_FAILED",
+    )
+    pending = Restore.objects.create(backup=verified, state="queued", requested_by="fuzz", reason="fuzz")
+    capability = Capability.objects.create(name="fuzz.chat@1")
+    cluster = Cluster.objects.create(name="fuzz-cluster")
+    member = ClusterMember.objects.create(cluster=cluster, name="m1", server=running)
+    spare = ClusterMember.objects.create(cluster=Cluster.objects.create(name="fuzz-empty"), name="m1")
+    tier = RoutingTier.objects.create(capability=capability, cluster=cluster)
+    client, _ = ClientCredential.objects.mint(name="fuzz", scopes=[capability.name])
+
+    def ids(*rows: Any) -> list[str]:
+        return [str(row.pk) for row in rows]
+
+    return {
+        "alerts": ids(alert),
+        "artifacts": ids(ready, broken, waiting, quarantined),
+        "backups": ids(verified, queued),
+        "capabilities": ids(capability),
+        "client-credentials": ids(client),
+        "cluster-members": ids(member, spare),
+        "clusters": ids(cluster, spare.cluster),
+        "enrollment-tokens": ids(used, fresh),
+        "nodes": ids(node, quiet),
+        "node-names": [node.name, quiet.name],
+        "notification-channels": ids(channel),
+        "notifications": ids(notification),
+        "replicas": ids(present, copying),
+        "restores": ids(reviewable, pending),
+        "routing-tiers": ids(tier),
+        "servers": ids(running, failed, starting),
+        "unattached-servers": ids(failed, starting),
+        "local-source": str(tmp_path / "model"),
+        # system/work/{kind}/{id}: the rows waiting on work, by kind
+        "work:artifact": ids(waiting),
+        "work:backup": ids(queued),
+        "work:replica": ids(copying),
+        "work:restore": ids(pending),
+        "work:server": ids(starting),
+    }
+
+
+# Fields and query parameters that name another row, and the world's rows of that kind.
+REFERENCES = {
+    "alert": "alerts",
+    "artifact": "artifacts",
+    "backup": "backups",
+    "capability": "capabilities",
+    "channel": "notification-channels",
+    "cluster": "clusters",
+    "node": "nodes",
+    "server": "servers",
+}
+
+
+def _pick(rows: list[str], drawn: Any) -> Any:
+    """One of ``rows``, chosen by the drawn value (so the seed still decides), typed as it was drawn."""
+    row = rows[zlib.crc32(str(drawn).encode()) % len(rows)]
+    return int(row) if isinstance(drawn, int) and not isinstance(drawn, bool) else row
+
+
+def steer_to_world(case: schemathesis.Case, world: dict[str, Any]) -> None:
+    """A positive case names the world's rows (in its path, its references in the body and in the
+    query) instead of ids that almost surely do not exist: a 404 or "object does not exist" says nothing
+    about the schema. So do the few rules on state that no schema can state: a server attached once, a
+    local source under the allowed roots, a credential's expiry in the future. Negative parts stay as
+    drawn."""
+    if case.meta is None:
+        return
+    if case.path_parameters and not case.meta.is_negative_at(ParameterLocation.PATH):
+        segment = case.operation.path.split("/")[3]
+        if segment == "system":
+            segment = f"work:{case.path_parameters.get('kind')}"
+        if world.get(segment):
+            case.path_parameters["id"] = _pick(world[segment], case.path_parameters.get("id"))
+    if case.query and not case.meta.is_negative_at(ParameterLocation.QUERY):
+        for name, kind in REFERENCES.items():
+            if name in case.query and case.query[name] not in (None, ""):
+                case.query[name] = _pick(world[kind], case.query[name])
+    if isinstance(case.body, dict) and not case.meta.is_negative_at(ParameterLocation.BODY):
+        for name, kind in REFERENCES.items():
+            if case.body.get(name) is None:
+                continue
+            rows = world[kind]
+            if (name, case.operation.path) == ("node", "/api/v1/servers"):
+                rows = world["node-names"]  # POST /servers pins to a node by its name, not its id
+            elif name == "server" and case.operation.path.endswith("/attach"):
+                rows = world["unattached-servers"]
+            case.body[name] = _pick(rows, case.body[name])
+        if case.body.get("source_kind") == "local":
+            case.body["locator"] = world["local-source"]
+        if case.body.get("expires_at") is not None:
+            case.body["expires_at"] = (timezone.now() + timedelta(days=1)).isoformat()
+
+
+@pytest.mark.django_db(databases="__all__")
+@schema.parametrize()
+# The world is built once per operation and shared by its examples, on purpose: they read and act on it.
+@hypothesis.settings(suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture])
+def test_every_operation_answers_as_documented(case: schemathesis.Case, world: dict[str, Any]) -> None:
+    steer_to_world(case, world)
+    # Each example starts from the same world: what one created is rolled back before the next, so a
+    # name drawn twice is not refused as taken.
+    with transaction.atomic(), transaction.atomic(using="observability"):
+        try:
+            case.call_and_validate(
+                headers={"Authorization": f"Bearer {settings.OPERATOR_API_KEY}"},
+                checks=CHECKS_WITHOUT_ACCEPTANCE
+                if case.operation.label in ACCEPTANCE_DEPENDS_ON_STATE
+                else CHECKS,
+            )
+        finally:
+            transaction.set_rollback(True)
+            transaction.set_rollback(True, using="observability")
