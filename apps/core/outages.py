@@ -160,7 +160,13 @@ def _check_stamp(
         return "ok"
     # Silence is counted only over time this process watched: after a restart of the web processes it
     # does not judge time it did not see (the listening clock's rule, apps/nodes/listening.py).
-    silent_from = max(seen, watching_since) if seen is not None else watching_since
+    # Nor time the books did not see: a restore's switch-over brings back stamps as old as the backup
+    # (the listening clock's listening_since moves to the switch-over), which is not the process's silence.
+    from apps.nodes.models import ListeningClock
+
+    listening_since = ListeningClock.objects.values_list("listening_since", flat=True).first()
+    watched_from = max(watching_since, listening_since) if listening_since is not None else watching_since
+    silent_from = max(seen, watched_from) if seen is not None else watched_from
     if (now - silent_from).total_seconds() <= limit:
         return "waiting"
     if _open(code) is not None:

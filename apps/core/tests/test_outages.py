@@ -246,3 +246,29 @@ def test_the_database_probe_makes_a_new_connection_each_time():
     broken = status.probe_database_connection(overrides={"port": 1})
     assert not broken.ok
     assert broken.detail == "database unreachable: no new connection within 2 s (OperationalError)"
+
+
+def test_a_restore_bringing_back_old_stamps_raises_no_missing_worker_or_beat(settings):
+    """The restored books' stamps are as old as the backup; the switch-over (listening_since) is when
+    the processes' silence can start to count, so no false critical alert follows every restore."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.alerts.models import Alert
+    from apps.core import outages
+    from apps.core.models import Installation
+    from apps.nodes import listening
+
+    now = timezone.now()
+    watching_since = now - timedelta(hours=1)  # this web process has watched for an hour
+    Installation.objects.current()
+    backup_age = timedelta(seconds=settings.BEAT_MISSING_AFTER + settings.WORKER_MISSING_AFTER + 60)
+    Installation.objects.update(worker_seen_at=now - backup_age, beat_seen_at=now - backup_age)
+    listening.resumed("restore 1 switched the database over", now - timedelta(seconds=5))
+    assert outages.check_beat(now, watching_since) == "waiting"
+    assert outages.check_worker(now, watching_since) == "waiting"
+    assert not Alert.objects.filter(code__in=["BEAT_MISSING", "WORKER_MISSING"]).exists()
+    # Still silent past the limit after the switch-over: then it is the processes' silence.
+    later = now + timedelta(seconds=settings.BEAT_MISSING_AFTER + 1)
+    assert outages.check_beat(later, watching_since) == "raised"
