@@ -8,6 +8,7 @@ secret, mounted as Docker/Kubernetes secrets); setting both is itself a problem.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import re
 import socket
@@ -33,6 +34,13 @@ LOG_LEVEL = "MODELFORGE_AGENT_LOG_LEVEL"
 MISSING_REQUIRED_SETTING = "MISSING_REQUIRED_SETTING"
 INVALID_SETTING = "INVALID_SETTING"
 PLACEHOLDER_CONTROL_PLANE_URL = "PLACEHOLDER_CONTROL_PLANE_URL"
+UNKNOWN_SETTING = "UNKNOWN_SETTING"
+
+# MODELFORGE_AGENT_* names that are not the agent's but are legitimately in its environment: the control
+# plane's timeout for calls to agents (make run hands the local agent the control plane's environment)
+# and Compose's interpolation of the agent container's shared memory. Every name the reader is asked for,
+# and its _FILE, is known without being listed.
+KNOWN_ELSEWHERE = frozenset({"MODELFORGE_AGENT_CALL_TIMEOUT", "MODELFORGE_AGENT_SHM_SIZE"})
 
 DEFAULT_STATE_VOLUME = "/var/lib/modelforge-agent"
 DEFAULT_LISTEN_HOST = "0.0.0.0"  # noqa: S104 -- the control plane must reach the agent's port
@@ -125,6 +133,7 @@ class _Reader:
     def __init__(self, environ: Mapping[str, str]) -> None:
         self.environ = environ
         self.problems: list[Problem] = []
+        self.asked: set[str] = set()
 
     def problem(self, code: str, setting: str, message: str) -> None:
         self.problems.append(Problem(code, setting, message))
@@ -135,6 +144,7 @@ class _Reader:
 
     def raw(self, name: str) -> str | None:
         """The value of ``name`` or of the file named by ``<name>_FILE``; ``None`` when unset or empty."""
+        self.asked.update((name, f"{name}_FILE"))
         direct = self.environ.get(name, "").strip()
         file_name = self.environ.get(f"{name}_FILE", "").strip()
         if direct and file_name:
@@ -156,6 +166,24 @@ class _Reader:
                 return None
             return value
         return direct or None
+
+    def report_unknown(self) -> None:
+        """An ``UNKNOWN_SETTING`` for each ``MODELFORGE_AGENT_*`` name nothing read, naming the closest
+        known name: a misspelt setting would otherwise be ignored and its default used silently."""
+        known = self.asked | KNOWN_ELSEWHERE
+        candidates = sorted(known)
+        for name in sorted(self.environ):
+            if not name.startswith(PREFIX) or name in known:
+                continue
+            # Compared without the shared prefix, which would make every name look alike.
+            by_suffix = {known_name.removeprefix(PREFIX): known_name for known_name in candidates}
+            close = difflib.get_close_matches(name.removeprefix(PREFIX), sorted(by_suffix), n=1, cutoff=0.6)
+            hint = f"did you mean {by_suffix[close[0]]}?" if close else "no agent setting of that name exists"
+            self.problem(
+                UNKNOWN_SETTING,
+                name,
+                f"is not a modelforge-agent setting and is ignored; {hint} (agent/README.md lists them all)",
+            )
 
     def integer(self, name: str, default: int, minimum: int, maximum: int) -> int:
         value = self.raw(name)
@@ -321,6 +349,8 @@ def load_settings(environ: Mapping[str, str]) -> tuple[AgentSettings | None, lis
     models_dir = read.path(MODELS_DIR, state_volume / "models")
     advertise_host = _host(read, ADVERTISE_HOST, read.raw(ADVERTISE_HOST) or hostname, advertised=True)
     log_level = read.choice(LOG_LEVEL, "INFO", LOG_LEVELS)
+    # Last, once every setting has been read.
+    read.report_unknown()
 
     if read.problems:
         return None, read.problems

@@ -1,6 +1,7 @@
 """Database compatibility: is the database in front of this release one it can serve on?
 
-1. PostgreSQL older than major 16 is refused.
+1. PostgreSQL older than major 16 is refused, by ``migrate`` too (``check_server``): a schema created
+   there would only be refused by every other entry point afterwards.
 2. No migration history: ``UNKNOWN`` (an empty database, or someone else's).
 3. History without ModelForge's own schema: ``UNKNOWN``.
 4. A migration recorded that this release does not have: ``TOO_NEW`` (a newer release migrated it).
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import DatabaseError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.migrations.loader import MigrationLoader
 
 from modelforge.errors import codes
@@ -54,16 +56,15 @@ def _name(key: tuple[str, str]) -> str:
     return f"{key[0]}.{key[1]}"
 
 
-def check_database(alias: str = "default") -> Incompatibility | None:
-    """Return why the database is incompatible, ``None`` if it is fine; raise if unreachable."""
-    connection = connections[alias]
+def _server_version(connection: BaseDatabaseWrapper) -> int:
     try:
         connection.ensure_connection()
-        server_version = connection.cursor().connection.info.server_version
-        tables = set(connection.introspection.table_names())
+        return int(connection.cursor().connection.info.server_version)
     except DatabaseError as exc:
         raise DatabaseUnreachable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
 
+
+def _server_verdict(server_version: int) -> Incompatibility | None:
     major = server_version // 10000
     if major < MIN_POSTGRES_MAJOR:
         return Incompatibility(
@@ -72,6 +73,24 @@ def check_database(alias: str = "default") -> Incompatibility | None:
             f"{MIN_POSTGRES_MAJOR}; upgrade the server (pg_upgrade or dump and restore) or point "
             "MODELFORGE_DATABASE_URL at a PostgreSQL 16+ server",
         )
+    return None
+
+
+def check_server(alias: str = "default") -> Incompatibility | None:
+    """Step 1 alone: the server's version. What ``migrate`` checks, since steps 2-5 are its to fix."""
+    return _server_verdict(_server_version(connections[alias]))
+
+
+def check_database(alias: str = "default") -> Incompatibility | None:
+    """Return why the database is incompatible, ``None`` if it is fine; raise if unreachable."""
+    connection = connections[alias]
+    server = _server_verdict(_server_version(connection))
+    if server is not None:
+        return server
+    try:
+        tables = set(connection.introspection.table_names())
+    except DatabaseError as exc:
+        raise DatabaseUnreachable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
 
     if "django_migrations" not in tables:
         if not tables:

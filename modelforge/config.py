@@ -7,7 +7,9 @@ reading carries on, so start-up validation can list them all at once.
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,32 @@ import environ
 MISSING_REQUIRED_SETTING = "MISSING_REQUIRED_SETTING"
 INSECURE_PRODUCTION_SETTING = "INSECURE_PRODUCTION_SETTING"
 INVALID_SETTING = "INVALID_SETTING"
+UNKNOWN_SETTING = "UNKNOWN_SETTING"
+
+PREFIX = "MODELFORGE_"
+# The agent's own names (agent/settings.py judges them); the control plane reads only the one below.
+AGENT_PREFIX = "MODELFORGE_AGENT_"
+CONTROL_PLANE_AGENT_NAMES = frozenset({"MODELFORGE_AGENT_CALL_TIMEOUT"})
+
+# ``MODELFORGE_*`` names that are legitimate in the control plane's environment but read outside
+# ``SettingsReader``: by the development stack, the tests, the benches and Compose's own interpolation.
+# Every name a reader is asked for (and its ``_FILE``) is known without being listed here.
+KNOWN_ELSEWHERE = frozenset(
+    {
+        "MODELFORGE_HOME",  # modelforge/devstack.py, modelforge/embedded.py
+        "MODELFORGE_EMBEDDED_PG_PORT",
+        "MODELFORGE_EMBEDDED_REDIS_PORT",
+        "MODELFORGE_LOCAL_AGENT",  # make run: start the local node agent
+        "MODELFORGE_DEMO",  # make run: create the demo capability
+        "MODELFORGE_WORKER_CONCURRENCY",  # make run: the Celery worker's processes
+        "MODELFORGE_DATABASE_PASSWORD",  # compose/*.yaml interpolate it into MODELFORGE_DATABASE_URL
+        "MODELFORGE_TEST_HOME",  # make test's throw-away data folder
+        "MODELFORGE_TEST_ENGINES",  # make test-engines
+        "MODELFORGE_TEST_PAUSE_AT",  # the backup and restore kill tests
+        "MODELFORGE_TEST_PG15_URL",  # tests/test_database_compatibility.py
+        "MODELFORGE_FUZZ_URL",  # bench/fuzz
+    }
+)
 
 TRUE_STRINGS = frozenset({"1", "true", "yes", "on"})
 FALSE_STRINGS = frozenset({"0", "false", "no", "off"})
@@ -44,15 +72,31 @@ class SettingsReader:
         # FileAwareEnv reads through env.ENVIRON; point it at the mapping we were given.
         self.env.ENVIRON = environ.FileAwareMapping(env=self.environ, cache=False)
         self.problems: list[Problem] = []
+        # Every name asked for, with its ``_FILE`` variant: what "known" means for unknown-name reports.
+        self.asked: set[str] = set()
+
+    def _ask(self, name: str) -> None:
+        self.asked.update((name, f"{name}_FILE"))
 
     def problem(self, code: str, setting: str, message: str) -> None:
         self.problems.append(Problem(code, setting, message))
 
+    def report_unknown(self) -> None:
+        """Record an ``UNKNOWN_SETTING`` for every ``MODELFORGE_*`` name no reader asked for.
+
+        Call it once every setting has been read: "known" is exactly what was asked for, plus the names
+        read outside the reader (``KNOWN_ELSEWHERE``); the agent's names are the agent's to judge.
+        """
+        known = self.asked | KNOWN_ELSEWHERE | CONTROL_PLANE_AGENT_NAMES
+        self.problems.extend(unknown_settings(self.environ, known, foreign=(AGENT_PREFIX,)))
+
     def is_set(self, name: str) -> bool:
+        self._ask(name)
         return bool(self.environ.get(name)) or bool(self.environ.get(f"{name}_FILE"))
 
     def raw(self, name: str) -> str | None:
         """The raw value of ``name``, or of the file named by ``<name>_FILE``; ``None`` when unset."""
+        self._ask(name)
         direct = self.environ.get(name)
         file_name = self.environ.get(f"{name}_FILE")
         if direct and file_name:
@@ -189,3 +233,45 @@ class SettingsReader:
         if not config.get("NAME"):
             self.problem(INVALID_SETTING, name, "the URL names no database; append /<database name>")
         return config
+
+
+def unknown_settings(
+    environ_map: Mapping[str, str],
+    known: Iterable[str],
+    *,
+    prefix: str = PREFIX,
+    foreign: Iterable[str] = (),
+) -> list[Problem]:
+    """An ``UNKNOWN_SETTING`` problem for each ``prefix`` name in ``environ_map`` that is not ``known``.
+
+    A misspelt name (``MODELFORGE_HEARTBEAT_INTERVL``) would otherwise be ignored silently and its default
+    used; the message names the closest known name. Names starting with one of the ``foreign`` prefixes
+    belong to another program (the agent's ``MODELFORGE_AGENT_*``) and are left to it.
+    """
+    known_names = set(known)
+    foreign_prefixes = tuple(foreign)
+    candidates = sorted(known_names)
+    problems = []
+    for name in sorted(environ_map):
+        if not name.startswith(prefix) or name in known_names:
+            continue
+        if foreign_prefixes and name.startswith(foreign_prefixes):
+            continue
+        close = closest(name, candidates, prefix)
+        hint = f"did you mean {close}?" if close else "no setting of that name exists"
+        problems.append(
+            Problem(
+                UNKNOWN_SETTING,
+                name,
+                f"is not a ModelForge setting and is ignored; {hint} (docs/CONFIGURATION.md lists them all)",
+            )
+        )
+    return problems
+
+
+def closest(name: str, candidates: Iterable[str], prefix: str) -> str | None:
+    """The known name most like ``name``, compared without the shared prefix (which would make every
+    name look alike), or ``None`` when none is close."""
+    by_suffix = {candidate.removeprefix(prefix): candidate for candidate in candidates}
+    found = difflib.get_close_matches(name.removeprefix(prefix), sorted(by_suffix), n=1, cutoff=0.6)
+    return by_suffix[found[0]] if found else None

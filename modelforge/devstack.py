@@ -13,6 +13,8 @@ last.
 from __future__ import annotations
 
 import contextlib
+import datetime
+import fcntl
 import http.client
 import os
 import re
@@ -25,10 +27,11 @@ import threading
 import time
 import urllib.request
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from modelforge.embedded import EmbeddedStack, EmbeddedStackError
+from modelforge.embedded import EmbeddedStack, EmbeddedStackError, port_defaults
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -58,8 +61,75 @@ def _secret_file(path: Path, length: int) -> str:
     return path.read_text().strip()
 
 
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM came while a set-up step ran: stop what was started and say so."""
+
+
+# Set by make run's SIGINT/SIGTERM handler: the loop and every set-up step look at it.
+INTERRUPTED = threading.Event()
+
+
 def _manage(env: dict[str, str], *args: str) -> None:
-    subprocess.run([PYTHON, "manage.py", *args], cwd=ROOT, env=env, check=True)
+    """``manage.py`` as a set-up step: in a session of its own, so the terminal's Ctrl-C reaches only us
+    (a migrate that got it printed a traceback), and stopped by us when Ctrl-C comes."""
+    argv = [PYTHON, "manage.py", *args]
+    process = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
+    while True:
+        try:
+            code = process.wait(0.2)
+        except subprocess.TimeoutExpired:
+            if INTERRUPTED.is_set():
+                _signal_group(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(10)
+                except subprocess.TimeoutExpired:
+                    _signal_group(process.pid, signal.SIGKILL)
+                    process.wait()
+                raise Interrupted from None
+            continue
+        if code != 0:
+            raise subprocess.CalledProcessError(code, argv)
+        return
+
+
+def _check_interrupted() -> None:
+    if INTERRUPTED.is_set():
+        raise Interrupted
+
+
+class DataFolderLock:
+    """One ``make run`` per data folder: an exclusive ``flock`` on ``<home>/run.lock``, held while it runs.
+
+    The kernel drops the lock when its holder dies, however it dies, so a killed run never leaves the
+    folder locked. The file says who holds it (pid, start time) for the refusal of the next run.
+    """
+
+    def __init__(self, home: Path) -> None:
+        self.path = home / "run.lock"
+        self.fd: int | None = None
+
+    def acquire(self) -> str | None:
+        """Take the lock; ``None`` when taken, else what the file says of its holder."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "a process that has not said"
+            os.close(fd)
+            return holder
+        started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}, started {started}\n".encode(), 0)
+        self.fd = fd
+        return None
+
+    def release(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, 0)
+            os.close(self.fd)  # closing drops the lock
+            self.fd = None
 
 
 def _answers(url: str) -> bool:
@@ -214,6 +284,21 @@ class Supervisor:
         libc = ctypes.CDLL(None, use_errno=True)
         self.adopting = libc.prctl(pr_set_child_subreaper, 1, 0, 0, 0) == 0
 
+    @contextlib.contextmanager
+    def not_adopting(self) -> Iterator[None]:
+        """Start something that daemonizes (an embedded service started again) without adopting it."""
+        if not self.adopting:
+            yield
+            return
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 0, 0, 0, 0)
+        try:
+            yield
+        finally:
+            libc.prctl(36, 1, 0, 0, 0)
+
     def check(self) -> Ending | None:
         """One turn of the loop: start again what has waited out its back-off, note what exited."""
         now = time.monotonic()
@@ -323,6 +408,63 @@ class Supervisor:
             time.sleep(0.1)
 
 
+class ServiceWatch:
+    """The embedded services, watched the way the Supervisor watches its processes.
+
+    A service found gone (its PostgreSQL or Redis killed) is started again after the Supervisor's
+    back-off (``first_delay``, doubled per loss inside ``window``); the ``crash_limit``-th loss inside
+    ``window`` ends the run. Without this, a lost database left ``/healthz`` ok and every request a 500.
+    """
+
+    def __init__(self, stack: EmbeddedStack, supervisor: Supervisor) -> None:
+        self.stack = stack
+        self.supervisor = supervisor
+        self.losses: dict[str, deque[float]] = {}
+        self.restart_at: dict[str, float] = {}
+
+    def check(self) -> Ending | None:
+        now = time.monotonic()
+        sup = self.supervisor
+        window = f"{sup.window:g} s"
+        for name, pid in self.stack.gone().items():
+            if name in self.restart_at:
+                if now < self.restart_at[name]:
+                    continue
+                del self.restart_at[name]
+                try:
+                    with sup.not_adopting():
+                        self.stack.restart(name)
+                except (EmbeddedStackError, subprocess.CalledProcessError, OSError) as exc:
+                    say(f"the embedded {name} did not start again: {exc}")
+                else:
+                    say(f"restarted the embedded {name} (pid {self.stack.last_pids.get(name)})")
+                    continue
+            losses = self.losses.setdefault(name, deque())
+            while losses and losses[0] <= now - sup.window:
+                losses.popleft()
+            losses.append(now)
+            count = len(losses)
+            if count >= sup.crash_limit:
+                return Ending(
+                    [
+                        f"the embedded {name} stopped {count} times within {window}; stopping everything. "
+                        f"Its log: {self._log(name)}"
+                    ],
+                    1,
+                )
+            delay = min(sup.max_delay, sup.first_delay * 2 ** (count - 1))
+            self.restart_at[name] = now + delay
+            say(
+                f"the embedded {name} (pid {pid}) is gone; restarting it in {delay:g} s "
+                f"(loss {count} of {sup.crash_limit} within {window})"
+            )
+        return None
+
+    def _log(self, name: str) -> Path | None:
+        service = self.stack.service(name)
+        return service.log_file if service is not None else None
+
+
 def _stop_process(pid: int, signum: int) -> None:
     """Signal ``pid`` with its whole group when it leads one (a model server and the workers it spawned)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -339,8 +481,40 @@ def _base_env(home: Path) -> dict[str, str]:
     return env
 
 
+def _home() -> Path:
+    return Path(os.environ.get("MODELFORGE_HOME") or ROOT / ".modelforge").resolve()
+
+
+def _refuse_in_use(home: Path, holder: str) -> int:
+    say(
+        f"[DATA_FOLDER_IN_USE] the data folder {home} is in use by another make run ({holder}). Stop that "
+        "one first (Ctrl-C in its terminal), or give this one a folder and a port of its own: "
+        "MODELFORGE_HOME=... MODELFORGE_PORT=..."
+    )
+    return EXIT_REFUSED
+
+
 def run() -> int:
-    home = Path(os.environ.get("MODELFORGE_HOME") or ROOT / ".modelforge").resolve()
+    """``make run``: Ctrl-C (or SIGTERM) at any moment stops what this run started and says so."""
+    INTERRUPTED.clear()
+
+    def _stop(signum: int, frame: object) -> None:
+        INTERRUPTED.set()
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    home = _home()
+    lock = DataFolderLock(home)
+    holder = lock.acquire()
+    if holder is not None:
+        return _refuse_in_use(home, holder)
+    try:
+        return _run_locked(home)
+    finally:
+        lock.release()
+
+
+def _run_locked(home: Path) -> int:
     env = _base_env(home)
     if not (env.get("MODELFORGE_SECRET_KEY") or env.get("MODELFORGE_SECRET_KEY_FILE")):
         env["MODELFORGE_SECRET_KEY"] = _secret_file(home / "secrets" / "secret-key", 48)
@@ -366,88 +540,121 @@ def run() -> int:
         (home / "imports").mkdir(parents=True, exist_ok=True)
     try:
         stack = EmbeddedStack.from_environment(home, env)
-        env.update(stack.start())
-    except (EmbeddedStackError, subprocess.CalledProcessError) as exc:
-        say(f"could not start the embedded services: {exc}")
-        return 1
+    except EmbeddedStackError as exc:
+        say(str(exc))
+        return EXIT_REFUSED
     supervisor = Supervisor(env)
-    supervisor.adopt_orphans()
-
-    def _stop(signum: int, frame: object) -> None:
-        supervisor.stopping = True
-
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
     code = 0
     try:
-        _manage(env, "migrate", "--noinput")
-        if env.get("MODELFORGE_OBSERVABILITY_DATABASE_URL"):  # monitoring history in a database of its own
-            _manage(env, "migrate", "--database", "observability", "--noinput")
-        _manage(env, "ensure_operator", "--credentials-file", str(home / "secrets" / "operator-login"))
-        host = env.get("MODELFORGE_HOST", "127.0.0.1")
-        port = env.get("MODELFORGE_PORT", "8000")
-        supervisor.start(
-            "web",
-            [
-                PYTHON,
-                "-m",
-                "gunicorn",
-                "-c",
-                "python:modelforge.gunicorn_conf",
-                "modelforge.asgi:application",
-            ],
-        )
-        supervisor.start(
-            "worker",
-            [
-                PYTHON,
-                "-m",
-                "celery",
-                "-A",
-                "modelforge",
-                "worker",
-                "-l",
-                "INFO",
-                "--concurrency",
-                env.get("MODELFORGE_WORKER_CONCURRENCY", "2"),
-                "--hostname",
-                "worker@%h",
-            ],
-        )
-        supervisor.start("beat", [PYTHON, "-m", "celery", "-A", "modelforge", "beat", "-l", "INFO"])
-        url = f"http://{host}:{port}/"
-        local_agent = env.get("MODELFORGE_LOCAL_AGENT", "true").lower() not in ("0", "false", "no", "off")
-        healthy = False
-        next_probe = 0.0
-        while not supervisor.stopping:
-            ending = supervisor.check()
-            if ending is not None:
-                for line in ending.lines:
-                    say(line)
-                code = ending.code
-                break
-            # The agent enrolls through the web process, so it starts once that answers (a web process
-            # that crashed while starting is started again by check()).
-            if not healthy and time.monotonic() >= next_probe:
-                next_probe = time.monotonic() + 1
-                healthy = _answers(url + "healthz")
-                if healthy:
-                    if local_agent:
-                        supervisor.start(
-                            "agent", [PYTHON, "-m", "agent"], env=_local_agent_env(env, home, url)
-                        )
-                    say(f"ModelForge is running at {url}  (admin {url}admin/, API {url}api/v1/schema/)")
-                    say(f"operator API key: {home / 'secrets' / 'operator-api-key'}; Ctrl-C stops everything")
-            time.sleep(0.5)
+        try:
+            # The services start in sessions of their own, out of the terminal's Ctrl-C: one that came
+            # meanwhile is acted on as soon as they are up (a half-started PostgreSQL is not stopped).
+            env.update(stack.start())
+        except (EmbeddedStackError, subprocess.CalledProcessError) as exc:
+            say(f"could not start the embedded services: {exc}")
+            return 1
+        for name in stack.found_running():
+            say(
+                f"the embedded {name} of this data folder was running already (left by a run that was "
+                "killed?): using it, and leaving it running at the end (make services-down stops it)"
+            )
+        supervisor.adopt_orphans()
+        code = _serve(env, home, stack, supervisor)
+    except Interrupted:
+        pass
     except subprocess.CalledProcessError as exc:
         say(f"a set-up step failed ({' '.join(map(str, exc.cmd[1:]))}: status {exc.returncode})")
         code = exc.returncode or 1
     finally:
+        if INTERRUPTED.is_set():
+            say("interrupted")
         say("stopping")
         supervisor.stop_all()
-        stack.stop()
+        stack.stop(only_started=True)
         say("stopped")
     return code
+
+
+def _serve(env: dict[str, str], home: Path, stack: EmbeddedStack, supervisor: Supervisor) -> int:
+    """Migrate, start web + worker + beat, then the local agent and the demo once the web answers; watch
+    every process and the embedded services until Ctrl-C or an ending."""
+    _check_interrupted()
+    say("migrating the database")
+    _manage(env, "migrate", "--noinput")
+    if env.get("MODELFORGE_OBSERVABILITY_DATABASE_URL"):  # monitoring history in a database of its own
+        _manage(env, "migrate", "--database", "observability", "--noinput")
+    _manage(env, "ensure_operator", "--credentials-file", str(home / "secrets" / "operator-login"))
+    _check_interrupted()
+    host = env.get("MODELFORGE_HOST", "127.0.0.1")
+    port = env.get("MODELFORGE_PORT", "8000")
+    supervisor.start(
+        "web",
+        [PYTHON, "-m", "gunicorn", "-c", "python:modelforge.gunicorn_conf", "modelforge.asgi:application"],
+    )
+    supervisor.start(
+        "worker",
+        [
+            PYTHON,
+            "-m",
+            "celery",
+            "-A",
+            "modelforge",
+            "worker",
+            "-l",
+            "INFO",
+            "--concurrency",
+            env.get("MODELFORGE_WORKER_CONCURRENCY", "2"),
+            "--hostname",
+            "worker@%h",
+        ],
+    )
+    supervisor.start("beat", [PYTHON, "-m", "celery", "-A", "modelforge", "beat", "-l", "INFO"])
+    url = f"http://{host}:{port}/"
+    local_agent = _flag(env, "MODELFORGE_LOCAL_AGENT")
+    watch = ServiceWatch(stack, supervisor)
+    healthy = False
+    next_probe = next_watch = 0.0
+    while not INTERRUPTED.is_set():
+        ending = supervisor.check()
+        if ending is None and time.monotonic() >= next_watch:
+            next_watch = time.monotonic() + 1
+            ending = watch.check()
+        if ending is not None:
+            for line in ending.lines:
+                say(line)
+            return ending.code
+        # The agent enrolls through the web process, so it starts once that answers (a web process
+        # that crashed while starting is started again by check()).
+        if not healthy and time.monotonic() >= next_probe:
+            next_probe = time.monotonic() + 1
+            healthy = _answers(url + "healthz")
+            if healthy:
+                if local_agent:
+                    supervisor.start("agent", [PYTHON, "-m", "agent"], env=_local_agent_env(env, home, url))
+                say(f"ModelForge is running at {url}  (admin {url}admin/, API {url}api/v1/schema/)")
+                say(f"ports: {_ports(env, stack, local_agent)}")
+                say(f"operator API key: {home / 'secrets' / 'operator-api-key'}; Ctrl-C stops everything")
+                if local_agent and _flag(env, "MODELFORGE_DEMO"):
+                    from modelforge.devdemo import start_demo
+
+                    start_demo(url, home, env, say, INTERRUPTED)
+        time.sleep(0.5)
+    return 0
+
+
+def _flag(env: dict[str, str], name: str) -> bool:
+    return env.get(name, "true").lower() not in ("0", "false", "no", "off")
+
+
+def _ports(env: dict[str, str], stack: EmbeddedStack, local_agent: bool) -> str:
+    ports = [f"web {env.get('MODELFORGE_PORT', '8000')}"]
+    if stack.postgres:
+        ports.append(f"PostgreSQL {stack.pg_port}")
+    if stack.redis:
+        ports.append(f"Redis {stack.redis_port}")
+    if local_agent:
+        ports.append(f"agent {env.get('MODELFORGE_AGENT_PORT') or port_defaults(env)[2]}")
+    return ", ".join(ports)
 
 
 def _local_agent_env(base: dict[str, str], home: Path, url: str) -> dict[str, str]:
@@ -469,6 +676,7 @@ def _local_agent_env(base: dict[str, str], home: Path, url: str) -> dict[str, st
             check=True,
             capture_output=True,
             text=True,
+            start_new_session=True,
         )
         env["MODELFORGE_AGENT_ENROLLMENT_TOKEN"] = minted.stdout.strip()
     env.update(
@@ -481,13 +689,13 @@ def _local_agent_env(base: dict[str, str], home: Path, url: str) -> dict[str, st
         env["MODELFORGE_AGENT_CLUSTER_SECRET_FILE"] = env["MODELFORGE_CLUSTER_SECRET_FILE"]
     else:
         env["MODELFORGE_AGENT_CLUSTER_SECRET"] = env["MODELFORGE_CLUSTER_SECRET"]
-    env.setdefault("MODELFORGE_AGENT_PORT", "8471")
+    env.setdefault("MODELFORGE_AGENT_PORT", str(port_defaults(env)[2]))
     env.setdefault("MODELFORGE_AGENT_ACCELERATOR_MODE", "auto")
     return env
 
 
 def up() -> int:
-    home = Path(os.environ.get("MODELFORGE_HOME") or ROOT / ".modelforge").resolve()
+    home = _home()
     urls = EmbeddedStack.from_environment(home, _base_env(home)).start()
     for name, value in urls.items():
         print(f"export {name}={value}")
@@ -495,7 +703,13 @@ def up() -> int:
 
 
 def down() -> int:
-    home = Path(os.environ.get("MODELFORGE_HOME") or ROOT / ".modelforge").resolve()
+    home = _home()
+    # A running make run's services are its own: stopping them under it is the bug this lock prevents.
+    lock = DataFolderLock(home)
+    holder = lock.acquire()
+    if holder is not None:
+        return _refuse_in_use(home, holder)
+    lock.release()
     EmbeddedStack.from_environment(home, _base_env(home)).stop()
     return 0
 

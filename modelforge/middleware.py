@@ -23,6 +23,7 @@ from modelforge.errors import (
     envelope_response,
     internal_server_error,
 )
+from modelforge.errors.pages import error_page
 from modelforge.logging import accept_or_generate, set_correlation_id
 
 logger = logging.getLogger("modelforge.request")
@@ -86,7 +87,9 @@ class ErrorEnvelopeMiddleware:
         if status < 400 or getattr(response, ENVELOPE_MARKER, False):
             return response
         if status >= 500 and status != 503:
-            return internal_server_error()
+            return error_page(request, 500) or internal_server_error()
+        if status == 404 and (page := error_page(request, 404)) is not None:
+            return page
         headers = {name: response[name] for name in self.KEPT_HEADERS if response.has_header(name)}
         code = codes.BY_STATUS.get(status, codes.BAD_REQUEST)
         return envelope_response(code, _message_from(response, status), status, headers)
@@ -142,7 +145,9 @@ def response_for_exception(request: HttpRequest, exc: Exception) -> HttpResponse
     if isinstance(exc, ApiError):
         return envelope_response(exc.code, exc.message, exc.status, exc.headers)
     if isinstance(exc, Http404):
-        return envelope_response(codes.NOT_FOUND, codes.DEFAULT_MESSAGES[404], 404)
+        return error_page(request, 404) or envelope_response(
+            codes.NOT_FOUND, codes.DEFAULT_MESSAGES[404], 404
+        )
     if isinstance(exc, PermissionDenied):
         return envelope_response(codes.PERMISSION_DENIED, codes.DEFAULT_MESSAGES[403], 403)
     if isinstance(exc, RequestDataTooBig):
@@ -152,4 +157,4 @@ def response_for_exception(request: HttpRequest, exc: Exception) -> HttpResponse
     error_logger.error(
         "unhandled %s in %s %s", type(exc).__name__, request.method, request.path, exc_info=exc
     )
-    return internal_server_error()
+    return error_page(request, 500) or internal_server_error()

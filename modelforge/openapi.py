@@ -1,11 +1,17 @@
-"""drf-spectacular additions: the error envelope on every operation, and our authentication schemes."""
+"""drf-spectacular additions: the error envelope on every operation, our authentication schemes, and the
+API browser (``/api/v1/docs/``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+from django.contrib.auth.views import redirect_to_login
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import resolve_url
 from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiSerializerExtension
 from drf_spectacular.utils import OpenApiResponse
+from drf_spectacular.views import SpectacularSwaggerView
 
 ENVELOPE = {
     "type": "object",
@@ -35,12 +41,17 @@ ERROR_STATUSES = {
 }
 
 
+# An OpenApiParameter extension: this query parameter refuses an empty value (allowEmptyValue: false).
+EMPTY_REFUSED = "x-modelforge-empty-refused"
+
+
 def declare_error_envelope(
     result: dict[str, Any], generator: Any, request: Any, public: bool
 ) -> dict[str, Any]:
     """Every operation documents the envelope for every error status it can answer, and every optional
     query parameter says that an empty value is the same as leaving it out (DRF and django-filter read
-    ``?state=`` so; tests/test_api_fuzz.py holds the schema to it)."""
+    ``?state=`` so; tests/test_api_fuzz.py holds the schema to it), unless the view marked it
+    ``EMPTY_REFUSED``."""
     components = result.setdefault("components", {})
     components.setdefault("schemas", {})["Error"] = ENVELOPE
     ref = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
@@ -54,7 +65,9 @@ def declare_error_envelope(
             for status, description in statuses.items():
                 operation["responses"].setdefault(status, {"description": description, "content": ref})
             for parameter in operation.get("parameters", []):
-                if parameter.get("in") == "query" and not parameter.get("required"):
+                if parameter.pop(EMPTY_REFUSED, False):
+                    parameter["allowEmptyValue"] = False
+                elif parameter.get("in") == "query" and not parameter.get("required"):
                     parameter.setdefault("allowEmptyValue", True)
     return result
 
@@ -76,6 +89,10 @@ _WHITESPACE = (
     "\\t\\n\\u000b\\u000c\\r\\u001c-\\u001f \\u0085\\u00a0\\u1680\\u2000-\\u200a"
     "\\u2028\\u2029\\u202f\\u205f\\u3000"
 )
+
+
+# A text that DRF does not trim to blank: one character that is not white space.
+NOT_BLANK = f"[^{_WHITESPACE}]"
 
 
 def printable_pattern(*, free_text: bool, allow_blank: bool) -> str:
@@ -140,3 +157,17 @@ class StaffSessionScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
         return {"type": "apiKey", "in": "cookie", "name": "sessionid"}
+
+
+_swagger_ui = SpectacularSwaggerView.as_view(url_name="api:schema")
+
+
+def api_docs(request: HttpRequest) -> HttpResponse:
+    """The API browser: Swagger UI from local static files (drf-spectacular-sidecar), reading the schema.
+
+    Operators only, as the schema is (``SERVE_PERMISSIONS``): a browser without a session goes to the
+    log-in page rather than to a JSON refusal; a call with an ``Authorization`` header is judged by the
+    operator key's authentication as any API call is."""
+    if not request.user.is_authenticated and "HTTP_AUTHORIZATION" not in request.META:
+        return redirect_to_login(request.get_full_path(), resolve_url(settings.LOGIN_URL))
+    return _swagger_ui(request)

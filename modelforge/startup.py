@@ -247,6 +247,22 @@ def enforce_database(entry_point: str) -> None:
         refuse(incompatibility.refusal())
 
 
+def enforce_database_server(alias: str = "default") -> None:
+    """Refuse to migrate on a PostgreSQL older than 16, in any environment (exit 3).
+
+    Only the server is judged: an empty, older or foreign schema (UNKNOWN, TOO_OLD) is what ``migrate``
+    is run to fix, and an unreachable database is reported by ``migrate`` itself.
+    """
+    from modelforge.compatibility import DatabaseUnreachable, check_server
+
+    try:
+        incompatibility = check_server(alias)
+    except DatabaseUnreachable:
+        return
+    if incompatibility is not None:
+        refuse(incompatibility.refusal())
+
+
 _checked_entry_point: str | None = None
 
 

@@ -14,6 +14,7 @@ api_patterns: list[URLPattern | URLResolver] = [
     path("", include("apps.backups.api.urls")),
     path("", include("apps.observability.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", openapi.api_docs, name="docs"),
 ]
 
 urlpatterns = [

@@ -194,6 +194,9 @@ def live_web(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) ->
         # web process was listening. The stamps are drilled with web processes of their own
         # (bench/recovery's scenario, tests/test_drill_restore.py).
         MODELFORGE_LISTENING_STAMPS="false",
+        # Agents here heartbeat every second (agent_environment); the control plane's answer sets their
+        # interval, so it says 1 s too, or the drills' short liveness limits would see them as silent.
+        MODELFORGE_HEARTBEAT_INTERVAL="1",
     )
     log_path = tmp_path_factory.mktemp("web") / "gunicorn.log"
     running = start_process(

@@ -56,7 +56,8 @@ def _document() -> dict[str, Any]:
     return SchemaGenerator().get_schema(request=None, public=True)
 
 
-schema = schemathesis.openapi.from_dict(_document(), config=CONFIG)
+DOCUMENT = _document()
+schema = schemathesis.openapi.from_dict(DOCUMENT, config=CONFIG)
 schema.app = WSGIHandler()
 
 # Operations whose acceptance of a schema-valid body depends on stored rows or configuration the schema
@@ -311,3 +312,72 @@ def test_every_operation_answers_as_documented(case: schemathesis.Case, world: d
         finally:
             transaction.set_rollback(True)
             transaction.set_rollback(True, using="observability")
+
+
+# Every credential that is not the operator's, against every operation: each class is refused the same
+# way on every route (one status, code and message), as the envelope.
+CREDENTIAL_CLASSES = [
+    "none",
+    "wrong operator key",
+    "node credential",
+    "client credential",
+    "enrollment token",
+    "basic auth",
+    "non-staff session",
+]
+
+
+@pytest.mark.django_db
+def test_no_credential_but_the_operators_opens_any_operation(settings: Any) -> None:
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from apps.clusters.models import ClientCredential
+    from apps.nodes.models import EnrollmentToken
+    from apps.nodes.tests.factories import make_node
+
+    # Wrong credentials are the point here: the per-address block (429) would hide the refusals.
+    settings.API_AUTH_FAILURE_LIMIT = 10_000
+    _, node_credential = make_node(name="cred-node")
+    _, client_credential = ClientCredential.objects.mint(name="cred", scopes=["x.y@1"])
+    _, token = EnrollmentToken.objects.mint()
+    headers = {
+        "none": {},
+        "wrong operator key": {"HTTP_AUTHORIZATION": "Bearer " + "x" * 43},
+        "node credential": {"HTTP_AUTHORIZATION": f"Bearer {node_credential}"},
+        "client credential": {"HTTP_AUTHORIZATION": f"Bearer {client_credential}"},
+        "enrollment token": {"HTTP_AUTHORIZATION": f"Bearer {token}"},
+        "basic auth": {"HTTP_AUTHORIZATION": "Basic b3BlcmF0b3I6b3BlcmF0b3I="},
+        "non-staff session": {},
+    }
+    session = Client()
+    session.force_login(User.objects.create_user("not-staff", password="a-long-password-1"))
+    answers: dict[str, set[tuple[int, str, str]]] = {name: set() for name in CREDENTIAL_CLASSES}
+    routes = 0
+    for path, item in DOCUMENT["paths"].items():
+        for method, operation in item.items():
+            if method not in ("get", "post", "put", "patch", "delete"):
+                continue
+            if path == "/api/v1/agent/enroll":
+                continue  # no credential by design: the enrollment token is in the body
+            url = path.replace("{kind}", "backup")
+            for parameter in operation.get("parameters", []):
+                if parameter["in"] == "path" and parameter["name"] == "id":
+                    uuid = parameter["schema"].get("format") == "uuid"
+                    url = url.replace("{id}", "6f1c9c3e-0000-4000-8000-000000000001" if uuid else "1")
+            routes += 1
+            for name in CREDENTIAL_CLASSES:
+                client = session if name == "non-staff session" else Client()
+                response = client.generic(
+                    method.upper(), url, "{}", content_type="application/json", **headers[name]
+                )
+                body = response.json()
+                assert set(body) == {"code", "message", "correlation_id"}, (name, method, path, body)
+                answers[name].add((response.status_code, body["code"], body["message"]))
+    assert routes > 80
+    for name, seen in answers.items():
+        assert len(seen) == 1, (name, seen)
+        status, code, _ = next(iter(seen))
+        assert (status, code) == (
+            (403, "PERMISSION_DENIED") if name == "non-staff session" else (401, "NOT_AUTHENTICATED")
+        ), (name, seen)

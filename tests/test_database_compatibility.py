@@ -122,3 +122,35 @@ def test_a_migration_this_release_lacks_is_too_new(scratch_database):
     assert finished.returncode == 3
     assert "TOO_NEW: the database was migrated by a newer ModelForge release" in finished.stderr
     assert "core.0999_from_a_newer_release" in finished.stderr
+
+
+def test_migrate_refuses_postgresql_15_and_creates_nothing():
+    """Seed difference (issue 16): migrate created a schema on PostgreSQL 15 that the rest refuse."""
+    admin = pg15_or_skip()
+    name = f"mf_pg15_migrate_{os.getpid()}"
+    execute(admin, f'DROP DATABASE IF EXISTS "{name}"')
+    execute(admin, f'CREATE DATABASE "{name}"')
+    url = admin.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        finished = run_command([PYTHON, "manage.py", "migrate", "--noinput"], env_for(url), timeout=120)
+        assert finished.returncode == 3, finished.stderr[-2000:]
+        assert "ModelForge refused to start: the database is not compatible" in finished.stderr
+        assert (
+            "- [INCOMPATIBLE_DATABASE] MODELFORGE_DATABASE_URL: POSTGRES_TOO_OLD: PostgreSQL 15."
+            in finished.stderr
+        )
+        with psycopg.connect(url.replace("postgres://", "postgresql://", 1)) as conn:
+            tables = conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone()
+        assert tables == (0,)
+    finally:
+        execute(admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_migrate_still_creates_an_unknown_database_and_fixes_a_too_old_one(scratch_database):
+    url = database_url(scratch_database())
+    assert "UNKNOWN" in check_database(url).stderr
+    migrate(url)
+    migrate(url, "sessions", "zero")
+    assert "TOO_OLD" in check_database(url).stderr
+    migrate(url)
+    assert check_database(url).returncode == 0

@@ -16,8 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from modelforge.devstack import Ending, Supervisor
-from tests.fixtures import PYTHON, free_port, http_ok, process_env, start_process, wait_until
+from modelforge.devstack import DataFolderLock, Ending, ServiceWatch, Supervisor
+from modelforge.embedded import EmbeddedStack, EmbeddedStackError, port_defaults
+from tests.fixtures import (
+    PYTHON,
+    free_port,
+    http_ok,
+    process_env,
+    run_command,
+    start_process,
+    wait_until,
+)
 
 pytestmark = pytest.mark.stack
 
@@ -102,6 +111,14 @@ def test_the_embedded_platform_starts_serves_and_stops_cleanly(tmp_path):
                 return json.loads(response.read())["state"] == "running"
 
         assert wait_until(demo_running, 60, interval=1), running.log()[-4000:]
+
+        # make run's demo: a served request, called the way its printed lines say.
+        assert wait_until(logged(running, "or, in Python (pip install openai):"), 180), running.log()[-4000:]
+        assert "curl -s " + base + "/v1/chat/completions" in running.log()
+        credential_file = home / "secrets" / "demo-client-credential"
+        assert oct(credential_file.stat().st_mode & 0o777) == "0o600"
+        credential = credential_file.read_text().strip()
+        assert ask_the_demo(base, credential) == "echo: hello"
     finally:
         code = interrupt(running)
     assert_stopped_cleanly(code, running.log(), home, base)
@@ -128,9 +145,24 @@ def test_the_embedded_platform_starts_serves_and_stops_cleanly(tmp_path):
 
         assert wait_until(same_single_node, 60, interval=1), again.log()[-4000:]
         assert (home / "secrets" / "operator-login").read_text() == login
+        # The demo again, from what the first run made: the same credential, answering again.
+        assert wait_until(logged(again, "or, in Python (pip install openai):"), 180), again.log()[-4000:]
+        assert credential_file.read_text().strip() == credential
+        assert ask_the_demo(base, credential) == "echo: hello"
     finally:
         code = interrupt(again)
     assert_stopped_cleanly(code, again.log(), home, base)
+
+
+def ask_the_demo(base: str, credential: str) -> str:
+    """The demo's printed Python lines: the ``openai`` package asks ``demo.echo@1`` through the gateway."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base + "/v1", api_key=credential)
+    answer = client.chat.completions.create(
+        model="demo.echo@1", messages=[{"role": "user", "content": "hello"}]
+    )
+    return str(answer.choices[0].message.content)
 
 
 def interrupt(running) -> int:
@@ -318,7 +350,7 @@ def stack_env(home: Path, **overrides: str | None) -> tuple[dict[str, str], Path
         MODELFORGE_WEB_WORKERS="1",
         MODELFORGE_WORKER_CONCURRENCY="1",
         MODELFORGE_AGENT_PORT=str(free_port()),
-        **overrides,
+        **{"MODELFORGE_DEMO": "false", **overrides},
     )
     return env, home, f"http://127.0.0.1:{web_port}"
 
@@ -480,5 +512,104 @@ def test_a_process_that_keeps_crashing_stops_everything_with_a_message_naming_it
     assert not http_ok(base + "/healthz")
     assert not alive(worker)
     assert not any(alive(pid) for pid in databases)
+    assert not (home / "postgres" / "data" / "postmaster.pid").exists()
+    assert not (home / "redis" / "redis.pid").exists()
+
+
+# --- The data folder: one run at a time; a run stops only what it started; derived ports -------------
+
+
+def run_devstack(env: dict[str, str], timeout: float = 60):
+    return run_command([PYTHON, "-m", "modelforge.devstack", "run"], env, timeout)
+
+
+def test_a_second_run_on_the_same_data_folder_is_refused_naming_the_process_that_holds_it(stack_home):
+    # Regression: a second make run reused the first's services and, on its way out, stopped them.
+    env, home, _ = stack_env(stack_home)
+    held = DataFolderLock(home)
+    assert held.acquire() is None
+    try:
+        second = run_devstack(env)
+    finally:
+        held.release()
+    assert second.returncode == 3, second.stdout + second.stderr
+    assert "[DATA_FOLDER_IN_USE]" in second.stdout
+    assert f"pid {os.getpid()}" in second.stdout and "started" in second.stdout
+    assert "Traceback" not in second.stdout + second.stderr
+    # Nothing touched: no secret made, no service started.
+    assert not (home / "secrets").exists() and not (home / "redis").exists()
+
+
+def test_a_run_stops_only_the_embedded_servers_it_started_never_ones_it_found_running(stack_home):
+    env = {"MODELFORGE_DATABASE_URL": "postgres://elsewhere/db", "MODELFORGE_PORT": str(free_port())}
+    first = EmbeddedStack.from_environment(stack_home, env)
+    first.start(persistent=False)
+    try:
+        found = EmbeddedStack.from_environment(stack_home, env)
+        found.start(persistent=False)
+        assert found.started == set()
+        redis = found.redis
+        assert redis is not None
+        pid = redis.pid()
+        found.stop(only_started=True)
+        assert pid is not None and alive(pid)
+    finally:
+        first.stop(only_started=True)
+    assert not alive(pid)
+
+
+def test_the_embedded_and_agent_ports_derive_from_the_web_port_and_explicit_settings_win(tmp_path):
+    assert port_defaults({}) == port_defaults({"MODELFORGE_PORT": "8000"}) == (54329, 63799, 8471)
+    assert port_defaults({"MODELFORGE_PORT": "9100"}) == (9101, 9102, 9103)
+    stack = EmbeddedStack.from_environment(
+        tmp_path, {"MODELFORGE_PORT": "9100", "MODELFORGE_EMBEDDED_REDIS_PORT": "6400"}
+    )
+    assert (stack.pg_port, stack.redis_port) == (9101, 6400)
+    with pytest.raises(EmbeddedStackError, match=r"\[INVALID_SETTING\] MODELFORGE_PORT"):
+        port_defaults({"MODELFORGE_PORT": "65534"})
+
+
+def test_an_embedded_service_found_gone_is_started_again_after_a_back_off(stack_home, capsys):
+    env = {"MODELFORGE_DATABASE_URL": "postgres://elsewhere/db", "MODELFORGE_PORT": str(free_port())}
+    stack = EmbeddedStack.from_environment(stack_home, env)
+    stack.start(persistent=False)
+    supervisor = quick_supervisor()
+    watch = ServiceWatch(stack, supervisor)
+    try:
+        assert stack.redis is not None
+        pid = stack.redis.pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        endings: list[Ending] = []
+        assert wait_until(
+            lambda: bool(watch.check() and endings.append(1)) or stack.redis.pid() not in (None, pid),
+            10,
+            0.05,
+        )
+        assert endings == []
+        out = capsys.readouterr().out
+        assert (
+            f"the embedded Redis (pid {pid}) is gone; restarting it in 0.2 s (loss 1 of 4 within 60 s)" in out
+        )
+        assert "restarted the embedded Redis" in out
+    finally:
+        stack.stop(only_started=True)
+
+
+@pytest.mark.parametrize("moment", ["start-up", "migrate"])
+def test_ctrl_c_at_any_moment_of_start_up_stops_cleanly_and_says_interrupted(tmp_path, stack_home, moment):
+    # Regression: Ctrl-C in the first second was ignored; during migrate it printed a traceback.
+    env, home, _ = stack_env(stack_home, MODELFORGE_LOCAL_AGENT="false", MODELFORGE_DEMO="false")
+    running = start_process([PYTHON, "-m", "modelforge.devstack", "run"], env, tmp_path / "run.log")
+    if moment == "start-up":  # the first thing it says, before the embedded services start
+        assert wait_until(logged(running, "modelforge: data folder"), 30), running.log()[-3000:]
+    else:
+        assert wait_until(logged(running, "modelforge: migrating the database"), 120), running.log()[-3000:]
+    code = interrupt(running)
+    log = running.log()
+    assert code == 0, log[-3000:]
+    assert "modelforge: interrupted" in log and "modelforge: stopped" in log
+    assert "Traceback" not in log and "a set-up step failed" not in log
+    assert "ModelForge is running" not in log
     assert not (home / "postgres" / "data" / "postmaster.pid").exists()
     assert not (home / "redis" / "redis.pid").exists()

@@ -31,8 +31,20 @@ def assert_envelope(response, status: int, code: str) -> dict[str, str]:
 @pytest.mark.parametrize("debug", [False, True])
 def test_an_unknown_address_is_a_404_envelope(client: Client, settings, debug):
     settings.DEBUG = debug
-    assert_envelope(client.get("/no/such/page"), 404, "NOT_FOUND")
     assert_envelope(client.get("/api/v1/no/such/endpoint"), 404, "NOT_FOUND")
+    assert_envelope(client.get("/v1/no/such/endpoint"), 404, "NOT_FOUND")
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_an_unknown_dashboard_address_is_an_html_404_page_in_the_layout(client: Client, settings, debug):
+    # Regression: unknown dashboard URLs answered the raw JSON envelope to a person's browser.
+    settings.DEBUG = debug
+    response = client.get("/no/such/page", HTTP_X_CORRELATION_ID="corr-page-404")
+    assert response.status_code == 404
+    assert response["Content-Type"].startswith("text/html")
+    body = response.content.decode()
+    assert "Page not found" in body and "/no/such/page" in body and "corr-page-404" in body
+    assert 'class="topbar"' in body  # the dashboard's layout, not a bare page
 
 
 def test_a_wrong_method_is_a_405_envelope_with_allow(client: Client, operator_client):
@@ -102,8 +114,14 @@ def test_an_exception_is_exactly_internal_server_error(
     chosen = operator_client if path.startswith("/api/") else client
     response = chosen.get(path, HTTP_X_CORRELATION_ID="corr-explode-0001")
     assert response.status_code == 500
-    assert response["Content-Type"] == "text/plain"
-    assert response.content == b"Internal Server Error"
+    if path.startswith("/api/"):
+        assert response["Content-Type"] == "text/plain"
+        assert response.content == b"Internal Server Error"
+    else:  # a dashboard address: the HTML page in the layout, still without the exception's text
+        body = response.content.decode()
+        assert response["Content-Type"].startswith("text/html")
+        assert "Something went wrong" in body and "corr-explode-0001" in body
+        assert "hunter2" not in body and "RuntimeError" not in body
     assert response["X-Correlation-ID"] == "corr-explode-0001"
     # The full story is in the log, under the same correlation id.
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name == "modelforge.errors"]
@@ -112,10 +130,10 @@ def test_an_exception_is_exactly_internal_server_error(
 
 
 def test_a_well_formed_correlation_id_is_echoed_and_a_bad_one_replaced(client: Client):
-    kept = client.get("/no/such/page", HTTP_X_CORRELATION_ID="abc-123-DEF-456")
+    kept = client.get("/api/v1/no/such/page", HTTP_X_CORRELATION_ID="abc-123-DEF-456")
     assert kept["X-Correlation-ID"] == "abc-123-DEF-456"
     assert json.loads(kept.content)["correlation_id"] == "abc-123-DEF-456"
-    replaced = client.get("/no/such/page", HTTP_X_CORRELATION_ID="bad id\nwith newline")
+    replaced = client.get("/api/v1/no/such/page", HTTP_X_CORRELATION_ID="bad id\nwith newline")
     assert replaced["X-Correlation-ID"] != "bad id\nwith newline"
     assert len(replaced["X-Correlation-ID"]) == 32
     assert client.get("/healthz")["X-Correlation-ID"]

@@ -11,6 +11,7 @@ from modelforge.config import (
     INSECURE_PRODUCTION_SETTING,
     INVALID_SETTING,
     MISSING_REQUIRED_SETTING,
+    UNKNOWN_SETTING,
     SettingsReader,
 )
 
@@ -255,3 +256,152 @@ def test_a_listening_gap_not_above_twice_the_sweep_interval_is_refused_by_name(t
         "[INVALID_SETTING] MODELFORGE_LISTENING_GAP: 10 s must be more than twice"
         in done.stdout + done.stderr
     )
+
+
+# --- Unknown names (issue 16: MODELFORGE_HEARTBEAT_INTERVL and MODELFORGE_PROT were silently ignored) ----
+
+# Misspellings these tests and the docs use on purpose; every other name in the repository must be known.
+DELIBERATE_MISSPELLINGS = {
+    "MODELFORGE_HEARTBEAT_INTERVL",
+    "MODELFORGE_PROT",
+    "MODELFORGE_SECRET_KEY_FIEL",
+    "MODELFORGE_NO_SUCH_THING",
+    "MODELFORGE_AGENT_HEARTBEAT_INTERVL",
+    "MODELFORGE_AGENT_PROT",
+}
+# Not environment variables: the settings attribute holding the problems, and a problem's placeholder names.
+NOT_VARIABLES = {"MODELFORGE_CONFIG_PROBLEMS", "MODELFORGE_X", "MODELFORGE_Y", "MODELFORGE_AGENT"}
+
+
+def unknown_for(env: dict[str, str]) -> list[str]:
+    read = SettingsReader(env)
+    read.integer("MODELFORGE_HEARTBEAT_INTERVAL", 10)
+    read.integer("MODELFORGE_PORT", 8000)
+    read.string("MODELFORGE_SECRET_KEY")
+    read.report_unknown()
+    return [problem.line() for problem in read.problems if problem.code == UNKNOWN_SETTING]
+
+
+def test_an_unknown_name_is_reported_with_the_closest_known_name():
+    assert unknown_for({"MODELFORGE_HEARTBEAT_INTERVL": "5", "MODELFORGE_PROT": "9000"}) == [
+        "- [UNKNOWN_SETTING] MODELFORGE_HEARTBEAT_INTERVL: is not a ModelForge setting and is ignored; "
+        "did you mean MODELFORGE_HEARTBEAT_INTERVAL? (docs/CONFIGURATION.md lists them all)",
+        "- [UNKNOWN_SETTING] MODELFORGE_PROT: is not a ModelForge setting and is ignored; "
+        "did you mean MODELFORGE_PORT? (docs/CONFIGURATION.md lists them all)",
+    ]
+
+
+def test_a_name_like_no_setting_gets_no_guess_and_a_misspelt_file_variant_gets_its_own():
+    lines = unknown_for({"MODELFORGE_NO_SUCH_THING": "1", "MODELFORGE_SECRET_KEY_FIEL": "/run/secrets/k"})
+    assert (
+        "MODELFORGE_NO_SUCH_THING: is not a ModelForge setting and is ignored; no setting of that name"
+        in (lines[0])
+    )
+    assert "did you mean MODELFORGE_SECRET_KEY_FILE?" in lines[1]
+
+
+def test_file_variants_names_read_elsewhere_and_the_agents_names_are_not_reported(tmp_path: Path):
+    secret = tmp_path / "key"
+    secret.write_text("k" * 64)
+    env = {
+        "MODELFORGE_SECRET_KEY_FILE": str(secret),
+        "MODELFORGE_TEST_HOME": "/tmp/x",
+        "MODELFORGE_LOCAL_AGENT": "false",
+        "MODELFORGE_DATABASE_PASSWORD": "p",
+        "MODELFORGE_AGENT_PORT": "8471",
+        "MODELFORGE_AGENT_HEARTBEAT_INTERVL": "3",  # the agent's to judge (tests/agent/test_settings.py)
+        "OTHER_PROGRAM_PROT": "1",
+    }
+    assert unknown_for(env) == []
+
+
+def test_nothing_in_the_test_environment_is_unknown():
+    from django.conf import settings
+
+    assert [p.line() for p in settings.MODELFORGE_CONFIG_PROBLEMS if p.code == UNKNOWN_SETTING] == []
+
+
+def test_every_name_the_repository_uses_is_known_to_the_control_plane_or_the_agent():
+    """Compose, the Makefile, the dev stack, the benches, the tests and the docs set only real names."""
+    import re
+
+    from agent.settings import KNOWN_ELSEWHERE as AGENT_KNOWN_ELSEWHERE
+    from agent.settings import _Reader, load_settings
+    from modelforge import settings as settings_module
+    from modelforge.config import CONTROL_PLANE_AGENT_NAMES, KNOWN_ELSEWHERE
+
+    agent_reader_asked: set[str] = set()
+    original_raw = _Reader.raw
+
+    def recording_raw(self: _Reader, name: str) -> str | None:
+        agent_reader_asked.update((name, f"{name}_FILE"))
+        return original_raw(self, name)
+
+    _Reader.raw = recording_raw  # type: ignore[method-assign]
+    try:
+        load_settings({})
+    finally:
+        _Reader.raw = original_raw  # type: ignore[method-assign]
+    known = (
+        settings_module.read.asked
+        | KNOWN_ELSEWHERE
+        | CONTROL_PLANE_AGENT_NAMES
+        | agent_reader_asked
+        | AGENT_KNOWN_ELSEWHERE
+    )
+    root = Path(__file__).resolve().parent.parent
+    files = [root / "Makefile", *root.glob("compose/*.y*ml"), *root.glob("docs/*.md"), root / "README.md"]
+    for folder in ("modelforge", "apps", "agent", "tests", "bench"):
+        files += [p for p in (root / folder).rglob("*") if p.suffix in (".py", ".md", ".sh", ".yaml")]
+    used: dict[str, str] = {}
+    for path in files:
+        for name in re.findall(
+            r"MODELFORGE_[A-Z0-9_]*[A-Z0-9](?![A-Za-z0-9_*])", path.read_text(errors="replace")
+        ):
+            used.setdefault(name, str(path.relative_to(root)))
+    unknown = {
+        name: where
+        for name, where in used.items()
+        if name not in known | DELIBERATE_MISSPELLINGS | NOT_VARIABLES
+    }
+    assert unknown == {}
+
+
+def test_production_refuses_an_unknown_name_and_development_reports_it_as_a_system_check():
+    from tests.fixtures import PYTHON, process_env, run_command
+
+    refused = run_command([PYTHON, "manage.py", "check"], process_env(MODELFORGE_ENV="production",
+                          MODELFORGE_ALLOWED_HOSTS="modelforge.lan", MODELFORGE_PROT="9000"))  # fmt: skip
+    assert refused.returncode == 3
+    assert (
+        "- [UNKNOWN_SETTING] MODELFORGE_PROT: is not a ModelForge setting and is ignored; "
+        "did you mean MODELFORGE_PORT?" in refused.stderr
+    )
+
+    logged = run_command([PYTHON, "manage.py", "check"], process_env(MODELFORGE_HEARTBEAT_INTERVL="5"))
+    assert logged.returncode == 0, logged.stderr
+    assert "WARNING" in logged.stderr
+    assert "[UNKNOWN_SETTING] MODELFORGE_HEARTBEAT_INTERVL" in logged.stderr
+    assert "System check identified some issues" in logged.stderr
+    assert "(modelforge.UNKNOWN_SETTING) is not a ModelForge setting and is ignored; did you mean " in (
+        logged.stdout + logged.stderr
+    )
+
+
+@pytest.mark.parametrize(("production", "level"), [(True, "Error"), (False, "Warning")])
+def test_configuration_problems_are_system_check_errors_in_production_and_warnings_in_development(
+    production: bool, level: str
+):
+    from django.core import checks
+    from django.test import override_settings
+
+    from modelforge.checks import configuration_problems
+    from modelforge.config import Problem
+
+    problem = Problem(UNKNOWN_SETTING, "MODELFORGE_PROT", "is not a ModelForge setting")
+    with override_settings(MODELFORGE_CONFIG_PROBLEMS=[problem], PRODUCTION=production):
+        found = checks.run_checks(tags=["modelforge"])
+        assert configuration_problems() == found
+    assert [(type(m).__name__, m.id, m.obj, m.msg) for m in found] == [
+        (level, "modelforge.UNKNOWN_SETTING", "MODELFORGE_PROT", "is not a ModelForge setting")
+    ]

@@ -208,7 +208,8 @@ def _post(channel: NotificationChannel, events: list[dict[str, Any]]) -> None:
         response = httpx.post(
             channel.target, content=body, headers=headers, timeout=settings.NOTIFY_TIMEOUT_S
         )
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        # InvalidURL is not an HTTPError: a host that is not a valid IDNA name was a 500 (issue 13).
         raise DeliveryFailed(f"POST {channel.target} failed: {type(exc).__name__}: {exc}") from None
     if not 200 <= response.status_code < 300:
         raise DeliveryFailed(f"POST {channel.target} answered {response.status_code}: {response.text[:200]}")

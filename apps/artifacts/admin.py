@@ -16,7 +16,16 @@ class ArtifactEventInline(admin.TabularInline):
 
 @admin.register(Artifact)
 class ArtifactAdmin(WorkAdminActions):
-    list_display = ("name", "source_kind", "state", "quarantine_rule", "format", "size_bytes", "created_at")
+    list_display = (
+        "name",
+        "source_kind",
+        "state",
+        "state_since",
+        "quarantine_rule",
+        "format",
+        "size_bytes",
+        "created_at",
+    )
     list_filter = ("state", "source_kind", "quarantine_rule")
     search_fields = ("name", "locator")
     # Quarantine is released through the API's release action (recorded who and why, checks re-run).
@@ -24,6 +33,7 @@ class ArtifactAdmin(WorkAdminActions):
     inlines = [ArtifactEventInline]
     actions = ["retry_work", "fail_work"]
     work_kind = "artifact"  # requested and never taken, or acquiring by a worker that died (apps.core.work)
+    state_since_from = "events__at"
 
     def has_add_permission(self, request):
         return False
@@ -31,13 +41,23 @@ class ArtifactAdmin(WorkAdminActions):
 
 @admin.register(Replica)
 class ReplicaAdmin(WorkAdminActions):
-    list_display = ("artifact", "node", "state", "done_bytes", "total_bytes", "requested_by", "requested_at")
+    list_display = (
+        "artifact",
+        "node",
+        "state",
+        "state_since",
+        "done_bytes",
+        "total_bytes",
+        "requested_by",
+        "requested_at",
+    )
     list_filter = ("state",)
     search_fields = ("artifact__name", "node__name", "name")
     # Replicas are asked for on the artifact's page or through the API, which check the artifact first.
     readonly_fields = [f.name for f in Replica._meta.fields]
     actions = ["retry_work", "fail_work"]
     work_kind = "replica"  # requested and never started, or copying with no progress (apps.core.work)
+    state_since_from = "updated_at"
 
     def has_add_permission(self, request):
         return False

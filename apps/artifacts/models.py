@@ -119,6 +119,12 @@ class Replica(models.Model):
         return f"{self.artifact} on {self.node_id} ({self.state})"
 
     @property
+    def bytes_per_second(self) -> float | None:
+        if not self.copy_seconds or not self.total_bytes:
+            return None
+        return self.total_bytes / self.copy_seconds
+
+    @property
     def mib_per_second(self) -> float | None:
         if not self.copy_seconds or not self.total_bytes:
             return None

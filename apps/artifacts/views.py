@@ -14,7 +14,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from apps.artifacts import acquisition, codes, replication
-from apps.artifacts.models import Artifact, ArtifactState
+from apps.artifacts.models import Artifact, ArtifactState, SourceKind
 from apps.artifacts.tasks import acquire, rehydrate
 from apps.nodes.models import Node
 from modelforge.dispatch import send_on_commit
@@ -32,9 +32,41 @@ def artifact_list(request: HttpRequest) -> HttpResponse:
     if state:
         queryset = queryset.filter(state=state)
     page = Paginator(queryset, 50).get_page(request.GET.get("page"))
-    return render(
-        request, "artifacts/artifact_list.html", {"page": page, "state": state, "active_nav": "artifacts"}
-    )
+    context = {"page": page, "state": state, "source_kinds": SourceKind.choices, "active_nav": "artifacts"}
+    return render(request, "artifacts/artifact_list.html", context)
+
+
+@staff_required
+@require_POST
+def artifact_register(request: HttpRequest) -> HttpResponse:
+    """Register an artifact by its upstream identity, through the API's serializer (the same refusals,
+    shown by code and message), then acquire it as ``POST /api/v1/artifacts`` does."""
+    from apps.artifacts.api.serializers import ArtifactSerializer
+
+    data: dict[str, Any] = {
+        name: request.POST[name]
+        for name in ("name", "source_kind", "locator", "revision", "licence")
+        if request.POST.get(name, "").strip() != ""
+    }
+    data["encrypted"] = request.POST.get("encrypted") == "true"
+    try:
+        lines = [
+            line.split() for line in request.POST.get("expected_sha256", "").splitlines() if line.strip()
+        ]
+        if any(len(parts) != 2 for parts in lines):
+            raise ApiError("VALIDATION_ERROR", "expected SHA-256: one 'path sha256' pair per line.", 400)
+        if lines:
+            data["expected_sha256"] = {path: digest for path, digest in lines}
+        serializer = ArtifactSerializer(data=data)
+        if not serializer.is_valid():
+            raise ApiError("VALIDATION_ERROR", describe_validation(serializer.errors), 400)
+        artifact = serializer.save()
+    except ApiError as exc:
+        messages.error(request, f"{exc.code}: {exc.message}")
+        return redirect("artifacts:list")
+    send_on_commit(acquire, artifact.pk)
+    messages.info(request, f"{artifact.name} registered; acquiring it from {artifact.locator}.")
+    return redirect("artifacts:detail", pk=artifact.pk)
 
 
 @staff_required

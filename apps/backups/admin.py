@@ -22,12 +22,22 @@ class BackupEventInline(admin.TabularInline):
 
 @admin.register(Backup)
 class BackupAdmin(WorkAdminActions):
-    list_display = ("id", "state", "reason_code", "trigger", "consistent_as_of", "size_bytes", "verified_at")
+    list_display = (
+        "id",
+        "state",
+        "state_since",
+        "reason_code",
+        "trigger",
+        "consistent_as_of",
+        "size_bytes",
+        "verified_at",
+    )
     list_filter = ("state", "reason_code", "trigger")
     readonly_fields = [f.name for f in Backup._meta.fields]
     inlines = [BackupEventInline]
     actions = ["back_up_now", "retry_work", "fail_work"]
     work_kind = "backup"  # a queued backup nobody takes, a completed one nobody verifies (apps.core.work)
+    state_since_from = "events__at"
     # The schedule is the "backup-database" row under Periodic tasks (django-celery-beat).
 
     def has_add_permission(self, request: HttpRequest) -> bool:

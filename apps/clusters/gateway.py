@@ -19,7 +19,7 @@ import msgspec
 
 from apps.clusters import codes
 from apps.clusters.lbstate import shared
-from apps.clusters.routing import Backend, authorize, router
+from apps.clusters.routing import Backend, authorize, not_bound_for, router
 from apps.clusters.shapes import ShapeError, TooDeep, checked
 from apps.clusters.upstream import ConnectFailed, Upstream, UpstreamError, UpstreamTimeout
 from modelforge.errors import INTERNAL_SERVER_ERROR_BODY
@@ -178,7 +178,14 @@ class Gateway:
                 continue
             except BackendAnswered as exc:
                 if exc.status >= 500:
-                    await shared.failed(backend.key, backend.name, f"HTTP {exc.status}", backends)
+                    # 503: the backend is full (counted as at capacity for the card), still a failure run.
+                    await shared.failed(
+                        backend.key,
+                        backend.name,
+                        f"HTTP {exc.status}",
+                        backends,
+                        at_capacity=exc.status == 503,
+                    )
                     raise Refusal(
                         502,
                         codes.UPSTREAM_FAILED,
@@ -186,7 +193,7 @@ class Gateway:
                     ) from None
                 # A 4xx is the backend judging the request, not failing: never towards the sin-bin, and
                 # it ends a run of failures (Envoy's consecutive-5xx detection does the same).
-                await shared.served(backend.key)
+                await shared.served(backend.key, at_capacity=exc.status == 429)
                 raise Refusal(
                     exc.status,
                     codes.UPSTREAM_REJECTED,
@@ -208,6 +215,9 @@ class Gateway:
                 await shared.served(backend.key)
             return status
         if not backends:
+            elsewhere = not_bound_for(table, capability, grant.project)
+            if elsewhere is not None:
+                raise Refusal(401, codes.CAPABILITY_NOT_AUTHORIZED, elsewhere, UNAUTHORIZED_HEADERS)
             raise Refusal(
                 503,
                 codes.NO_ELIGIBLE_NODE,

@@ -40,6 +40,9 @@ HISTORY_KEY = "modelforge:lb:history:{key}"  # sorted set of bench times, for ch
 FAILS_KEY = "modelforge:lb:fails:{key}"
 TRAFFIC_KEY = "modelforge:lb:traffic:{bucket}"  # hash backend -> requests
 ERRORS_KEY = "modelforge:lb:errors:{bucket}"  # hash backend -> failed requests
+# hash backend -> answers 429 / 503: the backend is at capacity (seeds: a reason for drift). A 503 also
+# moves the sin-bin's run of failures, as Envoy's 5xx detection does; neither is counted as an error.
+BUSY_KEY = "modelforge:lb:busy:{bucket}"
 
 INFLIGHT_KEY = "modelforge:lb:inflight:{process}"  # hash backend -> requests in flight, per process
 PROCESSES_KEY = "modelforge:lb:processes"  # sorted set of live processes by last flush
@@ -70,6 +73,7 @@ class SharedState:
         self.benched: dict[str, Bench] = {}
         self._traffic: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
+        self._busy: Counter[str] = Counter()
         self._local_fails: Counter[str] = Counter()
         self._local_history: dict[str, list[float]] = {}
         self._flushed = 0.0
@@ -110,9 +114,11 @@ class SharedState:
         self._traffic[key] += 1
         return True
 
-    async def served(self, key: str) -> None:
-        """A request reached the backend and was answered without a failure."""
+    async def served(self, key: str, at_capacity: bool = False) -> None:
+        """A request reached the backend and was answered without a failure (``at_capacity``: a 429)."""
         self._traffic[key] += 1
+        if at_capacity:
+            self._busy[key] += 1
         if self._local_fails[key]:
             self._local_fails[key] = 0
             try:
@@ -122,10 +128,16 @@ class SharedState:
         if self.flush_due():
             await self.maybe_flush()
 
-    async def failed(self, key: str, name: str, reason: str, candidates: list[Any]) -> None:
-        """A request to the backend failed (5xx, connection error, timeout): count, maybe bench it."""
+    async def failed(
+        self, key: str, name: str, reason: str, candidates: list[Any], at_capacity: bool = False
+    ) -> None:
+        """A request to the backend failed (5xx, connection error, timeout): count, maybe bench it.
+        ``at_capacity`` (a 503): counted as the backend being full, not as an error; it still benches."""
         self._traffic[key] += 1
-        self._errors[key] += 1
+        if at_capacity:
+            self._busy[key] += 1
+        else:
+            self._errors[key] += 1
         self._local_fails[key] += 1
         now = time.time()
         try:
@@ -190,16 +202,20 @@ class SharedState:
             return
         self._flushed = now
         bucket = int(now // TRAFFIC_BUCKET_S)
-        traffic, errors = self._traffic, self._errors
-        self._traffic, self._errors = Counter(), Counter()
+        traffic, errors, busy = self._traffic, self._errors, self._busy
+        self._traffic, self._errors, self._busy = Counter(), Counter(), Counter()
         try:
             async with self.client.pipeline(transaction=False) as pipe:
                 for key, count in traffic.items():
                     pipe.hincrby(TRAFFIC_KEY.format(bucket=bucket), key, count)
                 for key, count in errors.items():
                     pipe.hincrby(ERRORS_KEY.format(bucket=bucket), key, count)
+                for key, count in busy.items():
+                    pipe.hincrby(BUSY_KEY.format(bucket=bucket), key, count)
                 pipe.expire(TRAFFIC_KEY.format(bucket=bucket), 3600)
                 pipe.expire(ERRORS_KEY.format(bucket=bucket), 3600)
+                if busy:
+                    pipe.expire(BUSY_KEY.format(bucket=bucket), 3600)
                 # This process's in-flight counts, for least-connections across processes.
                 mine = INFLIGHT_KEY.format(process=self.process_id)
                 pipe.delete(mine)
@@ -257,13 +273,26 @@ def _raise_churn(key: str, name: str, count: int) -> None:
     )
 
 
-def read_bench_and_traffic(minutes: int = 5) -> tuple[dict[str, Bench], Counter[str], Counter[str], bool]:
-    """For the API and dashboard: the bench list and the last ``minutes`` of traffic and errors."""
+@dataclass
+class Window:
+    """The last minutes as the routers flushed them: the bench list, requests, errors and capacity
+    answers (429/503) per backend; ``redis_ok`` False when Redis could not be read."""
+
+    benched: dict[str, Bench]
+    traffic: Counter[str]
+    errors: Counter[str]
+    busy: Counter[str]
+    redis_ok: bool
+
+
+def read_window(minutes: int = 5) -> Window:
+    """For the API and dashboard: the bench list and the last ``minutes`` of traffic, errors, capacity."""
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
     now = time.time()
     bucket = int(now // TRAFFIC_BUCKET_S)
     traffic: Counter[str] = Counter()
     errors: Counter[str] = Counter()
+    busy: Counter[str] = Counter()
     try:
         benched = {
             (k.decode() if isinstance(k, bytes) else k): Bench(**json.loads(v))
@@ -273,9 +302,17 @@ def read_bench_and_traffic(minutes: int = 5) -> tuple[dict[str, Bench], Counter[
             served, failed = _bucket_counts(client, b)
             traffic.update(served)
             errors.update(failed)
+            for k, v in client.hgetall(BUSY_KEY.format(bucket=b)).items():
+                busy[k.decode() if isinstance(k, bytes) else k] += int(v)
     except (redis.RedisError, OSError):
-        return {}, traffic, errors, False
-    return {k: v for k, v in benched.items() if v.until > now}, traffic, errors, True
+        return Window({}, traffic, errors, busy, False)
+    return Window({k: v for k, v in benched.items() if v.until > now}, traffic, errors, busy, True)
+
+
+def read_bench_and_traffic(minutes: int = 5) -> tuple[dict[str, Bench], Counter[str], Counter[str], bool]:
+    """The bench list and the last ``minutes`` of traffic and errors (``read_window`` without capacity)."""
+    window = read_window(minutes)
+    return window.benched, window.traffic, window.errors, window.redis_ok
 
 
 shared = SharedState()

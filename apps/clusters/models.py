@@ -36,6 +36,7 @@ class Capability(models.Model):
 
     class Meta:
         ordering = ["name"]
+        verbose_name_plural = "capabilities"
 
     def __str__(self) -> str:
         return self.name

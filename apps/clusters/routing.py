@@ -307,4 +307,25 @@ def authorize(
     return grant, ""
 
 
+def not_bound_for(table: Table, capability: str, project: str) -> str | None:
+    """Why ``capability`` is refused to a credential of ``project``, when every binding it has belongs to
+    another project; ``None`` when some binding is this project's or unbound.
+
+    Seeds, under ``401 CAPABILITY_NOT_AUTHORIZED``: "a project-bound client cannot serve another
+    project's binding" — a credential problem, so the same status and code as the others, not a 503.
+    Asked only when no backend was found, so the data path pays nothing for it."""
+    bindings = table.bindings.get(capability, [])
+    if not bindings or any(b.project in ("", project) for b in bindings):
+        return None
+    if not project:
+        return (
+            f"{capability!r} is bound only for projects; this credential has no project, and a client "
+            "cannot serve another project's binding."
+        )
+    return (
+        f"{capability!r} is not bound for project {project!r}: a project-bound client cannot serve another "
+        "project's binding."
+    )
+
+
 router = Router()

@@ -16,6 +16,7 @@ from django.views.decorators.http import require_POST
 
 from apps.clusters.loadbalancer import cluster_report
 from apps.clusters.models import Algorithm, Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
+from apps.servers.choices import ServerState
 from apps.servers.models import ModelServer
 from modelforge.errors import ApiError, describe_validation
 from modelforge.lookups import by_pk
@@ -97,7 +98,10 @@ def cluster_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "members": cluster.members.select_related("server"),
         "locked": cluster.has_servers_attached(),
         "algorithms": Algorithm.choices,
-        "servers": ModelServer.objects.filter(cluster_member__isnull=True).order_by("name"),
+        # Only servers that can serve: running or starting, and not a member of any cluster already.
+        "servers": ModelServer.objects.filter(
+            cluster_member__isnull=True, state__in=(ServerState.RUNNING, ServerState.STARTING)
+        ).order_by("name"),
         "active_nav": "clusters",
     }
     return render(request, "clusters/cluster_detail.html", context)

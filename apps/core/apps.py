@@ -8,3 +8,7 @@ class CoreConfig(AppConfig):
     label = "core"
     verbose_name = "Platform"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # `manage.py check` reports configuration problems as system checks (modelforge/checks.py).
+        from modelforge import checks  # noqa: F401

@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.db.models import Max, QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
 
 from apps.core import work
+from apps.core.templatetags.units import format_age
 from modelforge.errors import ApiError
 
 
@@ -39,6 +41,23 @@ class WorkAdminActions(admin.ModelAdmin):
     ``apps.core.work.KINDS``). One message per selected row: what was done, or the refusal's code."""
 
     work_kind: str = ""
+    # Where "in this state since" comes from: the newest event row's time (``events__at``, one
+    # aggregate in the list's own query), or a field of the row itself (``updated_at``); "" for none.
+    state_since_from: str = ""
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        queryset = super().get_queryset(request)
+        if "__" in self.state_since_from:
+            queryset = queryset.annotate(state_entered_at=Max(self.state_since_from))
+        return queryset
+
+    @admin.display(description="in this state since")
+    def state_since(self, obj: Any) -> str:
+        field = self.state_since_from
+        moment = getattr(obj, "state_entered_at" if "__" in field else field, None) if field else None
+        if moment is None:
+            return "—"
+        return f"{format_age(moment)} ({timezone.localtime(moment):%Y-%m-%d %H:%M})"
 
     def _each(self, request: HttpRequest, queryset: QuerySet[Any], verb: str) -> None:
         by = request.user.get_username()

@@ -65,7 +65,7 @@ def call_agent(node: Node, method: str, path: str, payload: dict[str, Any] | Non
             headers=headers,
             timeout=settings.AGENT_CALL_TIMEOUT,
         )
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:  # InvalidURL: a host that is not a valid IDNA name
         _record_unreachable(node, f"{type(exc).__name__} calling {method} {path}")
         raise ApiError(
             codes.AGENT_UNREACHABLE,

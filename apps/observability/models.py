@@ -52,3 +52,28 @@ class TrafficSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.backend} at {self.minute:%Y-%m-%d %H:%M}: {self.requests} requests"
+
+
+class HostSample(models.Model):
+    """One node's host reading (RAM, load) at one moment: the only history a CPU node has.
+
+    No foreign key, as for ``TelemetrySample``."""
+
+    node_id = models.UUIDField(db_index=False)
+    node_name = models.CharField(max_length=63)
+    at = models.DateTimeField()
+    reported_at = models.DateTimeField(help_text="The node's last heartbeat, which carried the reading.")
+    memory_total_bytes = models.BigIntegerField(null=True)
+    memory_available_bytes = models.BigIntegerField(null=True)
+    load_1m = models.FloatField(null=True)
+    cpu_count = models.PositiveIntegerField(null=True)
+
+    class Meta:
+        ordering = ["node_id", "at"]
+        indexes = [
+            models.Index(fields=["node_id", "at"], name="observ_host_node_at"),
+            models.Index(fields=["at"], name="observ_host_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node_name} host at {self.at:%Y-%m-%d %H:%M:%S}"

@@ -1,6 +1,7 @@
 """Monitoring history, taken every ``MODELFORGE_TELEMETRY_SAMPLE_INTERVAL`` seconds by the worker and kept
-``MODELFORGE_TELEMETRY_RETENTION_DAYS`` days: a copy of every GPU's last reading, and the gateway's
-per-minute requests and errors per backend.
+``MODELFORGE_TELEMETRY_RETENTION_DAYS`` days: a copy of every GPU's last reading, of every node's host
+reading (RAM, load: the only history a CPU node has), and the gateway's per-minute requests and errors
+per backend.
 
 The heartbeat and serving paths are untouched: they write only the authoritative current reading
 (``nodes.GPU``) and the routers' counters in Redis. The sampler copies those to the ``observability``
@@ -21,8 +22,8 @@ from django.utils import timezone
 
 from apps.alerts.choices import Severity
 from apps.alerts.models import Alert
-from apps.nodes.models import GPU
-from apps.observability.models import TelemetrySample, TrafficSample
+from apps.nodes.models import GPU, Node
+from apps.observability.models import HostSample, TelemetrySample, TrafficSample
 from modelforge.dbrouter import OBSERVABILITY
 
 logger = logging.getLogger("apps.observability")
@@ -59,22 +60,54 @@ def sample(now: datetime | None = None) -> dict[str, int]:
         )
         for gpu in readings
     ]
+    hosts = host_readings(fresh_after, now)
     cutoff = now - timedelta(days=settings.TELEMETRY_RETENTION_DAYS)
     try:
         TelemetrySample.objects.bulk_create(rows, batch_size=5000)
+        HostSample.objects.bulk_create(hosts, batch_size=5000)
         traffic_rows = roll_up_traffic()
         expired, _ = TelemetrySample.objects.filter(at__lt=cutoff).delete()
+        expired_hosts, _ = HostSample.objects.filter(at__lt=cutoff).delete()
         expired_traffic, _ = TrafficSample.objects.filter(minute__lt=cutoff).delete()
     except DatabaseError as exc:
         _degraded(exc, now)
-        return {"sampled": 0, "traffic": 0, "expired": 0, "degraded": 1}
+        return {"sampled": 0, "hosts": 0, "traffic": 0, "expired": 0, "degraded": 1}
     Alert.objects.clear_for([OBSERVABILITY_DEGRADED], _SUBJECT[0], _SUBJECT[1], now)
     return {
         "sampled": len(rows),
+        "hosts": len(hosts),
         "traffic": traffic_rows or 0,
-        "expired": expired + expired_traffic,
+        "expired": expired + expired_hosts + expired_traffic,
         "degraded": 0,
     }
+
+
+def host_readings(fresh_after: datetime, now: datetime) -> list[HostSample]:
+    """Host readings (RAM, load) of every node that reported one since ``fresh_after``, GPU or CPU."""
+    nodes = Node.objects.filter(last_heartbeat_at__gte=fresh_after).exclude(
+        memory_total_bytes__isnull=True, load_1m__isnull=True
+    )
+    return [
+        HostSample(
+            node_id=node.id,
+            node_name=node.name,
+            at=now,
+            reported_at=node.last_heartbeat_at or now,
+            memory_total_bytes=node.memory_total_bytes,
+            memory_available_bytes=node.memory_available_bytes,
+            load_1m=node.load_1m,
+            cpu_count=node.cpu_count,
+        )
+        for node in nodes.only(
+            "id",
+            "name",
+            "last_heartbeat_at",
+            "memory_total_bytes",
+            "memory_available_bytes",
+            "load_1m",
+            "cpu_count",
+        )
+    ]
 
 
 ROLL_UP_MINUTES = 10  # each run re-reads the last ten complete minutes; rows already kept are left
@@ -121,6 +154,15 @@ def history(node_id: Any, since: datetime) -> list[TelemetrySample]:
         return list(
             TelemetrySample.objects.filter(node_id=node_id, at__gte=since).order_by("gpu_index", "at")
         )
+    except DatabaseError as exc:
+        _close()
+        raise ObservabilityUnavailable(_describe(exc)) from None
+
+
+def host_history(node_id: Any, since: datetime) -> list[HostSample]:
+    """A node's host samples since ``since``; ``ObservabilityUnavailable`` when the store fails."""
+    try:
+        return list(HostSample.objects.filter(node_id=node_id, at__gte=since).order_by("at"))
     except DatabaseError as exc:
         _close()
         raise ObservabilityUnavailable(_describe(exc)) from None

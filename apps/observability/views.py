@@ -12,6 +12,10 @@ from django.utils import timezone
 
 from apps.nodes.models import Node
 from apps.observability import sampling
+from apps.observability.charts import Series, chart, gib, percent, plain
+from apps.observability.models import HostSample, TelemetrySample
+
+MANAGED, EXTERNAL, FREE = "#2f5bd3", "#d97706", "#d1d5db"  # the node page's memory bar, in the same order
 
 
 @staff_member_required(login_url="dashboard:login")
@@ -20,10 +24,12 @@ def node_telemetry(request: HttpRequest, pk: str) -> HttpResponse:
     minutes = 60
     since = timezone.now() - timedelta(minutes=minutes)
     error = ""
-    by_gpu: dict[int, list] = defaultdict(list)
+    by_gpu: dict[int, list[TelemetrySample]] = defaultdict(list)
+    hosts: list[HostSample] = []
     try:
         for row in sampling.history(node.pk, since):
             by_gpu[row.gpu_index].append(row)
+        hosts = sampling.host_history(node.pk, since)
     except sampling.ObservabilityUnavailable as exc:
         error = str(exc)
     gpus = [
@@ -33,11 +39,85 @@ def node_telemetry(request: HttpRequest, pk: str) -> HttpResponse:
             "peak_used": max(r.memory_used_bytes for r in rows),
             "peak_utilization": max(r.utilization_percent for r in rows),
             "peak_temperature": max(r.temperature_c for r in rows),
+            "charts": _gpu_charts(index, rows),
         }
         for index, rows in sorted(by_gpu.items())
     ]
-    context = {"node": node, "gpus": gpus, "error": error, "minutes": minutes, "active_nav": "nodes"}
+    context = {
+        "node": node,
+        "gpus": gpus,
+        "host_charts": _host_charts(hosts),
+        "error": error,
+        "minutes": minutes,
+        "active_nav": "nodes",
+    }
     return render(request, "observability/node_telemetry.html", context)
+
+
+def _gpu_charts(index: int, rows: list[TelemetrySample]) -> list[str]:
+    times = [r.at for r in rows]
+    memory = chart(
+        f"gpu-{index}-memory",
+        f"GPU {index} memory",
+        times,
+        [
+            Series("ModelForge-managed", MANAGED, [r.memory_managed_bytes for r in rows]),
+            Series(
+                "External", EXTERNAL, [max(0, r.memory_used_bytes - r.memory_managed_bytes) for r in rows]
+            ),
+            Series("Free", FREE, [max(0, r.memory_total_bytes - r.memory_used_bytes) for r in rows]),
+        ],
+        y_format=gib,
+        y_max=max(r.memory_total_bytes for r in rows),
+        stacked=True,
+    )
+    utilization = chart(
+        f"gpu-{index}-utilization",
+        f"GPU {index} utilization",
+        times,
+        [Series("Utilization", MANAGED, [r.utilization_percent for r in rows])],
+        y_format=percent,
+        y_max=100,
+    )
+    return [memory, utilization]
+
+
+def _host_charts(rows: list[HostSample]) -> list[str]:
+    """RAM (used and available, stacked to the total) and the 1-minute load against the CPU count."""
+    if not rows:
+        return []
+    times = [r.at for r in rows]
+    ram = chart(
+        "host-memory",
+        "RAM",
+        times,
+        [
+            Series(
+                "Used",
+                MANAGED,
+                [
+                    None
+                    if r.memory_total_bytes is None or r.memory_available_bytes is None
+                    else max(0, r.memory_total_bytes - r.memory_available_bytes)
+                    for r in rows
+                ],
+            ),
+            Series("Available", FREE, [r.memory_available_bytes for r in rows]),
+        ],
+        y_format=gib,
+        y_max=max((r.memory_total_bytes or 0) for r in rows) or None,
+        stacked=True,
+    )
+    cpus = max((r.cpu_count or 0) for r in rows)
+    load = chart(
+        "host-load",
+        f"Load (1 minute) · {cpus} CPUs" if cpus else "Load (1 minute)",
+        times,
+        [Series("Load 1m", EXTERNAL, [r.load_1m for r in rows])],
+        y_format=plain,
+        y_max=max([float(cpus), *(r.load_1m or 0.0 for r in rows)]) or None,
+    )
+    return [ram, load]
 
 
 @staff_member_required(login_url="dashboard:login")

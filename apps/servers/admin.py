@@ -39,6 +39,7 @@ class ModelServerAdmin(WorkAdminActions):
         "profile",
         "model",
         "state",
+        "state_since",
         "node",
         "gpus_wanted",
         "created_at",
@@ -59,6 +60,7 @@ class ModelServerAdmin(WorkAdminActions):
         "fail_work",
     ]
     work_kind = "server"  # starting or stopping past its bound (apps.core.work)
+    state_since_from = "events__at"
 
     def has_add_permission(self, request):
         return False  # placing needs the scheduler's answer: use the dashboard or the API

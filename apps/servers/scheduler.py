@@ -30,6 +30,13 @@ def gib(value: float) -> str:
     return f"{value / GIB:.1f} GiB"
 
 
+def _wanted(gpus: int, need: float) -> str:
+    """``2 GPUs x 40.0 GiB``, or ``4.5 GiB of RAM`` for a CPU server (never "no GPU(s) x ...")."""
+    if not gpus:
+        return f"{gib(need)} of RAM"
+    return f"{gpus} GPU{'s' if gpus > 1 else ''} x {gib(need)}"
+
+
 @dataclass
 class Request:
     """What the operator asked for."""
@@ -148,9 +155,17 @@ ORDER BY n.name
 """  # noqa: S608
 
 
+# The model is on the node: an artifact's replica recorded present (launch checks the books and the node),
+# otherwise the node's last report names the model. Seeds: "A remote start is refused outright" with
+# model_not_present_on_node; it is decided here, in the ranking statement, not a second later at launch.
+_MODEL_PRESENT = """CASE WHEN %(artifact)s::bigint IS NULL THEN n.models_present @> %(model)s::jsonb
+  ELSE EXISTS (SELECT 1 FROM artifacts_replica r WHERE r.node_id = n.id
+               AND r.artifact_id = %(artifact)s::bigint AND r.state = 'present') END"""
+
+
 # The ranking, in SQL, so a decision over thousands of GPUs returns a handful of rows: per eligible
 # node, how many units have the headroom needed and how much headroom the best k of them leave; nodes
-# that fit, ordered by locality, then spread (most left) or pack (least left).
+# that fit and hold the model, ordered by spread (most left) or pack (least left).
 def _ranking(units_sql: str, single: bool) -> str:
     # One unit wanted (the common case): a plain aggregate per node. Several: rank each node's fitting
     # units (spread: most headroom first; pack: fullest first) and sum the best k.
@@ -181,10 +196,8 @@ WITH units AS ({units_sql}),{per_node}
 SELECT n.id
 FROM per_node pn JOIN {Node._meta.db_table} n ON n.id = pn.node_id
 WHERE pn.fitting >= %(k)s::bigint AND COALESCE(n.shm_total_bytes, 0) >= %(shm)s::bigint
-ORDER BY EXISTS (SELECT 1 FROM artifacts_replica r WHERE r.node_id = n.id
-                 AND r.artifact_id = %(artifact)s AND r.state = 'present') DESC,
-         (n.models_present @> %(model)s::jsonb) DESC,
-         CASE WHEN %(spread)s THEN -pn.left_over ELSE pn.left_over END, n.name
+  AND {_MODEL_PRESENT}
+ORDER BY CASE WHEN %(spread)s THEN -pn.left_over ELSE pn.left_over END, n.name
 LIMIT %(limit)s
 """  # noqa: S608
 
@@ -248,14 +261,15 @@ class Candidate:
     node_id: Any
     name: str
     shm_bytes: int
-    local: bool
+    present: bool  # the model is on this node (a replica recorded present, for an artifact)
     units: list[Unit]
 
 
-def _replica_nodes(artifact: Any) -> frozenset[Any]:
-    """The nodes where this artifact's replica is recorded present (placement prefers them)."""
+def _replica_nodes(artifact: Any) -> frozenset[Any] | None:
+    """The nodes where this artifact's replica is recorded present (the only ones it may go to);
+    ``None`` for a server named by its model, whose presence is the node's own report."""
     if artifact is None:
-        return frozenset()
+        return None
     from apps.artifacts.models import Replica, ReplicaState
 
     present = Replica.objects.filter(artifact=artifact, state=ReplicaState.PRESENT)
@@ -269,7 +283,7 @@ def _candidates(
     gpus: int,
     now: datetime,
     only: list[Any] | None,
-    replica_nodes: frozenset[Any] = frozenset(),
+    replica_nodes: frozenset[Any] | None,
 ) -> list[Candidate]:
     cursor.execute(
         _GPU_HEADROOM if gpus else _RAM_HEADROOM,
@@ -285,17 +299,27 @@ def _candidates(
         candidate = found.get(node_id)
         if candidate is None:
             # Django's backend hands jsonb to raw cursors as text (the ORM parses it itself).
-            present = json.loads(models) if isinstance(models, str) else (models or [])
-            local = node_id in replica_nodes or any(
-                isinstance(m, dict) and m.get("name") == model for m in present
-            )
-            candidate = found[node_id] = Candidate(node_id, name, shm or 0, local, [])
+            reported = json.loads(models) if isinstance(models, str) else (models or [])
+            if replica_nodes is not None:
+                present = node_id in replica_nodes
+            else:
+                present = any(isinstance(m, dict) and m.get("name") == model for m in reported)
+            candidate = found[node_id] = Candidate(node_id, name, shm or 0, present, [])
         candidate.units.append(Unit(gpu_id, index, total or 0, used or 0, int(pending)))
     return list(found.values())
 
 
-def _judge(candidate: Candidate, profile: RuntimeProfile, gpus: int, need: int, rule: str) -> Verdict:
-    """Does ``need`` fit ``gpus`` times on this node? The verdict carries the numbers either way."""
+def _judge(
+    candidate: Candidate, profile: RuntimeProfile, gpus: int, need: int, rule: str, model: str
+) -> Verdict:
+    """Is the model on this node, and does ``need`` fit ``gpus`` times? The verdict carries the numbers."""
+    if not candidate.present:
+        return Verdict(
+            candidate.name,
+            False,
+            f"{codes.MODEL_NOT_PRESENT_ON_NODE}: {model!r} is not on this node; "
+            "replicate the model to that node first",
+        )
     if profile.shm_bytes and candidate.shm_bytes < profile.shm_bytes:
         return Verdict(
             candidate.name,
@@ -317,9 +341,9 @@ def _judge(candidate: Candidate, profile: RuntimeProfile, gpus: int, need: int, 
     fits.sort(key=lambda u: (-u.headroom, u.index or 0) if spread else (u.headroom, u.index or 0))
     chosen = fits[:wanted]
     left = sum(u.headroom for u in chosen) - need * wanted
-    score = (0 if candidate.local else 1, -left if spread else left, candidate.name)
+    score = (-left if spread else left, candidate.name)
     where = f"GPU(s) {', '.join(str(u.index) for u in chosen)}" if gpus else "RAM"
-    summary = f"fits on {where}" + (" (model already on this node)" if candidate.local else "")
+    summary = f"fits on {where} (the model is on this node)"
     gpu_indexes = [u.index for u in chosen if u.index is not None]
     return Verdict(candidate.name, True, summary, gpu_indexes, score, chosen, shown=candidate.units)
 
@@ -333,12 +357,15 @@ def place(request: Request, now: datetime | None = None) -> ModelServer:
        online, a heartbeat fresher than the stale limit (a reading it does not have is not a reading it
        can guess), the right accelerator. Headroom = total - used (which includes external pressure) -
        reservations of servers placed but not yet reflected in a heartbeat.
-    3. Per node: /dev/shm, then the GPUs that fit. Prefer nodes that already hold the model
-       (locality), then spread (most headroom left) or pack (least), per MODELFORGE_PLACEMENT_STRATEGY.
+    3. Per node: the model is present (an artifact's replica recorded present, else the node's report
+       names it; seeds: "A remote start is refused outright"), /dev/shm, then the GPUs that fit; then
+       spread (most headroom left) or pack (least), per MODELFORGE_PLACEMENT_STRATEGY.
     4. Lock the chosen node's rows, re-read its headroom in a fresh statement and re-check: a
        concurrent placement that got there first makes it move on to the next best node, so GPUs are
        never overcommitted. Reserve, record, and start on commit.
-    5. Nothing fits: ``503 NO_ELIGIBLE_NODE`` when no node is eligible, ``409 CAPACITY_CONSTRAINED``
+    5. Nothing fits: ``503 NO_ELIGIBLE_NODE`` when no node is eligible, ``409 model_not_present_on_node``
+       when no eligible node holds the model (the launch-time presence check stays, second line of
+       defence), ``409 CAPACITY_CONSTRAINED``
        (a correct outcome, not a failure) or ``409 insufficient_shared_memory`` otherwise, each with
        every node's reason and numbers.
     """
@@ -383,7 +410,7 @@ def place(request: Request, now: datetime | None = None) -> ModelServer:
                     "k": max(gpus, 1),
                     "shm": profile.shm_bytes,
                     "model": json.dumps([{"name": request.model}]),
-                    # Locality: a node with a replica recorded present first, then one reporting the model.
+                    # Presence: a replica recorded present for an artifact, else the node reports the model.
                     "artifact": request.artifact.pk if request.artifact is not None else None,
                     "limit": EXPLAIN_RUNNERS_UP + 1,
                 },
@@ -392,7 +419,7 @@ def place(request: Request, now: datetime | None = None) -> ModelServer:
             candidates = (
                 _candidates(cursor, profile, request.model, gpus, now, best, replicas) if best else []
             )
-            verdicts = [_judge(c, profile, gpus, need, rule) for c in candidates]
+            verdicts = [_judge(c, profile, gpus, need, rule, request.model) for c in candidates]
             tried: set[str] = set()
             server = _claim(cursor, request, profile, gpus, need, rule, now, candidates, verdicts, tried)
             if server is not None:
@@ -400,7 +427,7 @@ def place(request: Request, now: datetime | None = None) -> ModelServer:
             # 2. Nothing fits, or concurrent placements took every ranked fit: judge every eligible node,
             #    try any fit not tried yet, and otherwise explain the refusal with every node's numbers.
             candidates = _candidates(cursor, profile, request.model, gpus, now, only, replicas)
-            verdicts = [_judge(c, profile, gpus, need, rule) for c in candidates]
+            verdicts = [_judge(c, profile, gpus, need, rule, request.model) for c in candidates]
             server = _claim(cursor, request, profile, gpus, need, rule, now, candidates, verdicts, tried)
             if server is not None:
                 return server
@@ -428,8 +455,10 @@ def _claim(
         tried.add(verdict.node)
         candidate = next(c for c in candidates if c.name == verdict.node)
         cursor.execute(_LOCK_GPUS if gpus else _LOCK_NODE, {"node": candidate.node_id})
-        fresh = _candidates(cursor, profile, request.model, gpus, now, [candidate.node_id])
-        recheck = _judge(fresh[0], profile, gpus, need, rule) if fresh else None
+        fresh = _candidates(
+            cursor, profile, request.model, gpus, now, [candidate.node_id], _replica_nodes(request.artifact)
+        )
+        recheck = _judge(fresh[0], profile, gpus, need, rule, request.model) if fresh else None
         if recheck is not None and recheck.fits:
             return _record(request, profile, gpus, need, rule, fresh[0], recheck, verdicts)
         verdicts[verdicts.index(verdict)] = recheck or Verdict(verdict.node, False, "no longer eligible")
@@ -571,7 +600,17 @@ def _refuse(
             verdicts,
         )
     eligible = [v for v in verdicts if v.node in judged]
-    if all(v.reason.startswith(codes.INSUFFICIENT_SHARED_MEMORY) for v in eligible):
+    holding = [v for v in eligible if not v.reason.startswith(codes.MODEL_NOT_PRESENT_ON_NODE)]
+    if not holding:
+        raise PlacementRefused(
+            codes.MODEL_NOT_PRESENT_ON_NODE,
+            f"Model {request.model!r} is not on "
+            + (f"node {request.node}" if request.node else "any eligible node")
+            + ". Replicate the model to that node first. Replication is explicit, never automatic:",
+            409,
+            verdicts,
+        )
+    if all(v.reason.startswith(codes.INSUFFICIENT_SHARED_MEMORY) for v in holding):
         raise PlacementRefused(
             codes.INSUFFICIENT_SHARED_MEMORY,
             f"Every candidate's /dev/shm is smaller than the {gib(profile.shm_bytes)} profile {profile.name} "
@@ -582,7 +621,7 @@ def _refuse(
         )
     raise PlacementRefused(
         codes.CAPACITY_CONSTRAINED,
-        f"No node has room for {request.name}: {gpus or 'no'} GPU(s) x {gib(need)} ({rule}). This is the "
+        f"No node has room for {request.name}: {_wanted(gpus, need)} ({rule}). This is the "
         "scheduler refusing rather than risking an out-of-memory failure, not an error:",
         409,
         verdicts,

@@ -13,6 +13,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from apps.artifacts.models import Artifact, ArtifactState
+from apps.nodes.models import Node
 from apps.servers import recovery
 from apps.servers.api.serializers import PlaceRequestSerializer
 from apps.servers.choices import RestartPolicy
@@ -64,9 +66,12 @@ def server_new(request: HttpRequest) -> HttpResponse:
                 return redirect("servers:detail", pk=server.pk)
         else:
             errors.update(form.errors if not errors else {})
+    nodes = list(Node.objects.assignable().order_by("name"))
     context = {
         "profiles": sorted(settings.RUNTIME_PROFILES.values(), key=lambda p: p.name),
         "restart_policies": RestartPolicy.choices,
+        "nodes": nodes,
+        "model_choices": _model_choices(nodes),
         "refusal": refusal,
         "errors": errors,
         "values": request.POST,
@@ -74,6 +79,24 @@ def server_new(request: HttpRequest) -> HttpResponse:
     }
     # A page that explains a refusal is a page (200), not an error response for the envelope to replace.
     return render(request, "servers/server_new.html", context)
+
+
+def _model_choices(nodes: list[Node]) -> list[dict[str, str]]:
+    """What the model field offers: each model an online node reported (with where), then each ready
+    artifact. Only offered: the field stays free text and the API's serializer judges what is sent."""
+    where: dict[str, list[str]] = {}
+    for node in nodes:
+        for entry in node.models_present or []:
+            name = entry.get("name") if isinstance(entry, dict) else entry
+            if isinstance(name, str) and name:
+                where.setdefault(name, []).append(node.name)
+    choices = [{"value": name, "label": f"on {', '.join(on)}"} for name, on in sorted(where.items())]
+    for name in (
+        Artifact.objects.filter(state=ArtifactState.READY).order_by("name").values_list("name", flat=True)
+    ):
+        if name not in where:
+            choices.append({"value": name, "label": "ready artifact"})
+    return choices
 
 
 @staff_required

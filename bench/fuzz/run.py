@@ -124,7 +124,8 @@ def run(url: str, key: str, args: argparse.Namespace) -> int:
                         if key_ not in failures:
                             response = recorder.find_response(case_id=case_id)
                             status = response.status_code if response is not None else 0
-                            failures[key_] = (status, node.failure_info.code_sample)
+                            detail = " ".join(failure.message.split())[:300]
+                            failures[key_] = (status, f"{detail}\n      {node.failure_info.code_sample}")
         elif isinstance(event, events.NonFatalError):
             errors.append(f"{event.label}: {type(event.value).__name__}: {str(event.value)[:200]}")
         elif isinstance(event, events.FatalError):
@@ -142,7 +143,8 @@ def run(url: str, key: str, args: argparse.Namespace) -> int:
         print("\ndistinct failures (check | operation | status | what):")
         for (check, label, title), (status, sample) in sorted(failures.items()):
             print(f"  {check} | {label} | {status} | {title}")
-            print(f"      {sample.splitlines()[-1][:300] if sample else ''}")
+            for line in sample.splitlines()[:1] + sample.splitlines()[-1:]:
+                print(f"      {line.strip()[:300]}")
     if errors:
         print("\nerrors (the run could not judge these):")
         for line in errors[:50]:

@@ -175,3 +175,41 @@ def test_an_unwritable_state_volume_is_named(
     assert run(agent_env) == 3
 
     assert "- [AGENT_HOME_NOT_WRITABLE] MODELFORGE_AGENT_STATE_VOLUME:" in capsys.readouterr().err
+
+
+def test_an_unknown_agent_name_is_refused_with_the_closest_known_name(
+    agent_env: dict[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Regression (issue 16): a misspelt setting was ignored and its default used without a word.
+    agent_env["MODELFORGE_AGENT_HEARTBEAT_INTERVL"] = "3"
+    agent_env["MODELFORGE_AGENT_PROT"] = "9000"
+
+    status = run(agent_env)
+
+    err = capsys.readouterr().err
+    assert status == 3
+    assert err.splitlines()[0] == HEADER.format(n=2)
+    assert (
+        "- [UNKNOWN_SETTING] MODELFORGE_AGENT_HEARTBEAT_INTERVL: is not a modelforge-agent setting and is "
+        "ignored; did you mean MODELFORGE_AGENT_HEARTBEAT_INTERVAL?" in err
+    )
+    assert "- [UNKNOWN_SETTING] MODELFORGE_AGENT_PROT:" in err
+    assert "did you mean MODELFORGE_AGENT_PORT?" in err
+
+
+def test_the_control_planes_names_and_file_variants_are_not_unknown_to_the_agent(
+    agent_env: dict[str, str], tmp_path: Path
+) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text(agent_env.pop("MODELFORGE_AGENT_CLUSTER_SECRET"))
+    agent_env.update(
+        MODELFORGE_AGENT_CLUSTER_SECRET_FILE=str(secret),
+        MODELFORGE_AGENT_CALL_TIMEOUT="10",  # the control plane's (make run hands over its environment)
+        MODELFORGE_AGENT_SHM_SIZE="8gb",  # Compose's
+        MODELFORGE_HEARTBEAT_INTERVL="10",  # the control plane's to judge
+    )
+
+    settings, problems = load_settings(agent_env)
+
+    assert problems == []
+    assert settings is not None

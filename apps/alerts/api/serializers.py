@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+import httpx
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import validate_email
 from rest_framework import serializers
@@ -37,8 +38,9 @@ class AlertSerializer(serializers.ModelSerializer):
 # What validate() below admits, for the OpenAPI schema (a PATCH is judged with the stored kind, which a
 # schema cannot see: stated for whole bodies only). The kinds are patterns, not enums: drf-spectacular's
 # enum post-processing would replace an enum here with the kind's whole choice set. The e-mail pattern
-# is the common shape of an address; Django's validate_email, which decides, admits a little more.
-_WEBHOOK = r"^[hH][tT][tT][pP][sS]?://([^/?#@]*@)?[^/?#@:\[\]]+([:/?#].*)?$"
+# is the common shape of an address, and the webhook's host is ASCII (httpx refuses a host that is not a
+# valid IDNA name, a rule no pattern states); what validate() admits is a little wider.
+_WEBHOOK = r"^[hH][tT][tT][pP][sS]?://([^/?#@\[\]]*@)?[A-Za-z0-9._~%!$&'()*+,;=-]+([:/?#].*)?$"
 _ADDRESS = (
     r"[A-Za-z0-9_%+-]{1,64}(\.[A-Za-z0-9_%+-]{1,64}){0,3}"
     r"@([A-Za-z0-9]([A-Za-z0-9-]{0,30}[A-Za-z0-9])?\.){1,4}[A-Za-z]{2,24}"
@@ -65,6 +67,11 @@ class NotificationChannelSerializer(PrintableText, serializers.ModelSerializer):
                 }
             },
         ]
+    }
+    # A PATCH that names the kind is held to it; one that does not is judged by the stored kind.
+    openapi_partial_rules: ClassVar[dict[str, Any]] = {
+        "anyOf": [{"required": ["kind"], **branch} for branch in openapi_rules["oneOf"]]
+        + [{"not": {"required": ["kind"]}}]
     }
 
     secret = serializers.CharField(max_length=200, required=False, allow_blank=True, write_only=True)
@@ -99,6 +106,14 @@ class NotificationChannelSerializer(PrintableText, serializers.ModelSerializer):
             parts = urlsplit(target)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise serializers.ValidationError({"target": ["A webhook needs an http:// or https:// URL."]})
+            try:
+                httpx.URL(
+                    target
+                )  # what delivery sends to: httpx refuses a host that is not a valid IDNA name
+            except httpx.InvalidURL as exc:
+                raise serializers.ValidationError(
+                    {"target": [f"Not a URL a webhook can be sent to: {exc}."]}
+                ) from None
         elif kind == ChannelKind.EMAIL:
             addresses = [a.strip() for a in target.split(",") if a.strip()]
             if not addresses:

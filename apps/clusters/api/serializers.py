@@ -5,7 +5,9 @@ from typing import Any, ClassVar
 
 from django.core.validators import RegexValidator
 from django.utils import timezone
+from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers
+from rest_framework.validators import UniqueValidator
 
 from apps.clusters.models import CAPABILITY, Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
 from modelforge.validators import PrintableText
@@ -18,7 +20,16 @@ exact_capability = RegexValidator(
 
 
 class CapabilitySerializer(PrintableText, serializers.ModelSerializer):
-    name = serializers.CharField(max_length=80, validators=[exact_capability], trim_whitespace=False)
+    # Declared, so the model's unique check is named here: without it a taken name was an IntegrityError,
+    # a 500 (found by bench/fuzz).
+    name = serializers.CharField(
+        max_length=80,
+        validators=[
+            exact_capability,
+            UniqueValidator(Capability.objects.all(), message="A capability with this name exists."),
+        ],
+        trim_whitespace=False,
+    )
 
     class Meta:
         model = Capability
@@ -131,19 +142,23 @@ class BenchSerializer(serializers.Serializer):
     remaining_s = serializers.FloatField()
 
 
-class MemberShareSerializer(serializers.Serializer):
-    """One member's configured share against its actual share (``apps.clusters.loadbalancer``)."""
-
-    member = serializers.CharField()
-    server = serializers.CharField(allow_null=True)
-    weight = serializers.IntegerField()
-    configured_share = serializers.FloatField()
-    actual_share = serializers.FloatField(allow_null=True)
-    requests = serializers.IntegerField()
-    errors = serializers.IntegerField()
-    drift = serializers.BooleanField()
-    reason = serializers.CharField(allow_blank=True)
-    bench = BenchSerializer(allow_null=True)
+# One member's configured share against its actual share (apps.clusters.loadbalancer.MemberShare). Built
+# with inline_serializer: its field ``errors`` would shadow Serializer.errors as a class attribute.
+MemberShareSerializer = inline_serializer(
+    name="MemberShare",
+    fields={
+        "member": serializers.CharField(),
+        "server": serializers.CharField(allow_null=True),
+        "weight": serializers.IntegerField(),
+        "configured_share": serializers.FloatField(),
+        "actual_share": serializers.FloatField(allow_null=True),
+        "requests": serializers.IntegerField(),
+        "errors": serializers.IntegerField(),
+        "drift": serializers.BooleanField(),
+        "reason": serializers.CharField(allow_blank=True),
+        "bench": BenchSerializer(allow_null=True),
+    },
+)
 
 
 class LoadBalancerReportSerializer(serializers.Serializer):
@@ -155,4 +170,4 @@ class LoadBalancerReportSerializer(serializers.Serializer):
     requests = serializers.IntegerField()
     steady = serializers.BooleanField()
     redis_ok = serializers.BooleanField()
-    members = MemberShareSerializer(many=True)
+    members = serializers.ListField(child=MemberShareSerializer)

@@ -128,6 +128,11 @@ def test_the_scope_table(live_web, routed):
     wait_for_route(live_web, good)
     other_project = credential(["rag.embedding@1"], project="team-b")
     bind("rag.embedding@1", cluster=routed, project="team-a", tier=1)
+    # Seeds (401 CAPABILITY_NOT_AUTHORIZED): a project-bound client cannot serve another project's binding.
+    bind("rag.private@1", cluster=routed, project="team-a")
+    team_a = credential(["rag.private@1"], project="team-a")
+    team_b = credential(["rag.private@1"], project="team-b")
+    unbound = credential(["rag.private@1"])
     revoked_key = credential(["rag.embedding@1"])
     ClientCredential.objects.get(display_prefix=revoked_key[:12]).revoke()
     expired_key = credential(["rag.embedding@1"], expires_at=timezone.now() - timedelta(seconds=1))
@@ -140,6 +145,8 @@ def test_the_scope_table(live_web, routed):
         "version 2": (good, "rag.embedding@2"),
         "whitespace": (good, "rag.embedding@1 "),
         "case": (good, "RAG.embedding@1"),
+        "another project's binding": (team_b, "rag.private@1"),
+        "a project's binding, no project": (unbound, "rag.private@1"),
     }
 
     def call(key: str | None, model: str) -> httpx.Response:
@@ -165,7 +172,9 @@ def test_the_scope_table(live_web, routed):
         # Byte-identical apart from message and correlation id.
         stripped = json.dumps({**body, "message": "", "correlation_id": ""}, sort_keys=True)
         assert stripped == '{"code": "CAPABILITY_NOT_AUTHORIZED", "correlation_id": "", "message": ""}'
-    assert len(messages) >= 6  # the human message says which, to a caller who holds the secret
+    assert len(messages) >= 7  # the human message says which, to a caller who holds the secret
+    assert "not bound for project 'team-b'" in refusals["another project's binding"].json()["message"]
+    assert call(team_a, "rag.private@1").status_code == 200
     assert call(good, "rag.embedding@1").status_code == 200
     # A project-bound credential reaches only unbound tiers and its own project's.
     assert call(other_project, "rag.embedding@1").status_code == 200

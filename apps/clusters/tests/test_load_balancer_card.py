@@ -11,7 +11,7 @@ import redis
 from django.conf import settings
 from django.contrib.auth.models import User
 
-from apps.clusters.lbstate import BENCH_KEY, ERRORS_KEY, TRAFFIC_BUCKET_S, TRAFFIC_KEY
+from apps.clusters.lbstate import BENCH_KEY, BUSY_KEY, ERRORS_KEY, TRAFFIC_BUCKET_S, TRAFFIC_KEY
 from apps.clusters.tests.factories import bind, cluster_with, loopback_node, running_server
 
 pytestmark = pytest.mark.django_db
@@ -22,7 +22,7 @@ def store():
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     bucket = int(time.time() // TRAFFIC_BUCKET_S)
     keys = [BENCH_KEY] + [
-        k.format(bucket=b) for k in (TRAFFIC_KEY, ERRORS_KEY) for b in range(bucket - 5, bucket + 1)
+        k.format(bucket=b) for k in (TRAFFIC_KEY, ERRORS_KEY, BUSY_KEY) for b in range(bucket - 5, bucket + 1)
     ]
     client.delete(*keys)
     yield client, bucket
@@ -67,7 +67,7 @@ def test_the_badge_appears_with_its_reason_and_clears(operator_client, store, tr
     assert rows["_"]["steady"] is True and rows["_"]["requests"] == 200
     assert rows["a"]["configured_share"] == pytest.approx(2 / 3, abs=0.001)
     assert rows["a"]["actual_share"] == 0.95 and rows["a"]["drift"] is True
-    assert rows["a"]["reason"] == "carrying the share of b, c (benched, erroring or parked)"
+    assert rows["a"]["reason"] == "carrying the share of b, c (benched, erroring, at capacity or parked)"
     assert rows["b"]["drift"] is True and rows["b"]["reason"].startswith("benched since")
     assert " until " in rows["b"]["reason"] and "(bench 1 in the window)" in rows["b"]["reason"]
     assert "HTTP 502" in rows["b"]["reason"] and rows["b"]["bench"]["count"] == 1
@@ -102,3 +102,40 @@ def test_mixed_routing_is_said_and_the_card_renders(client, operator_client, sto
     assert "routed by weighted round-robin" in page
     listing = client.get("/clusters/").content.decode()
     assert "trio" in listing and "chat.general@1" in listing
+
+
+# Seeds: drift means a backend "is erroring (and being briefly benched), is at capacity, or is parked at
+# weight 0": each reason is detected and shown when it applies, a parked member included.
+def test_each_of_the_three_reasons_is_shown_when_it_applies(client, operator_client, store, trio):
+    redis_client, bucket = store
+    cluster, a, b, _ = trio
+    redis_client.hset(TRAFFIC_KEY.format(bucket=bucket), mapping={str(a.pk): 190, str(b.pk): 10})
+    redis_client.hset(BUSY_KEY.format(bucket=bucket), mapping={str(b.pk): 8})
+    rows = report(operator_client, cluster)
+    assert rows["b"]["drift"] is True and rows["b"]["busy"] == 8
+    assert rows["b"]["reasons"] == ["at_capacity"]
+    assert rows["b"]["reason"] == "at capacity: 8 answer(s) 429/503 in the window"
+    assert rows["c"]["reasons"] == ["parked"] and rows["c"]["reason"] == "parked at weight 0"
+    assert rows["a"]["reasons"] == [] and rows["a"]["reason"].startswith("carrying the share of b, c")
+
+    # Erroring and benched as well: both reasons, the bench first.
+    redis_client.hset(ERRORS_KEY.format(bucket=bucket), mapping={str(b.pk): 5})
+    redis_client.hset(
+        BENCH_KEY,
+        str(b.pk),
+        json.dumps({"since": time.time(), "until": time.time() + 60, "reason": "HTTP 502", "count": 1}),
+    )
+    rows = report(operator_client, cluster)
+    assert rows["b"]["reasons"] == ["benched", "at_capacity"]
+    assert rows["b"]["reason"].startswith("benched since")
+    assert "; at capacity: 8 answer(s) 429/503 in the window" in rows["b"]["reason"]
+    redis_client.delete(BENCH_KEY)
+    rows = report(operator_client, cluster)
+    assert rows["b"]["reasons"] == ["erroring", "at_capacity"]
+    assert rows["b"]["reason"].startswith("erroring: 5 failed request(s) in the window; at capacity")
+
+    client.force_login(User.objects.create_user("ops", is_staff=True))
+    page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    assert 'class="badge badge-warning reason-badge">erroring</span>' in page
+    assert 'class="badge badge-warning reason-badge">at capacity</span>' in page
+    assert 'class="badge reason-badge">parked</span>' in page

@@ -97,3 +97,34 @@ def test_churn_clears_once_benching_has_settled(clean_redis, settings):
         assert not Alert.objects.open().filter(code="lb_sin_bin_churn").exists()
     finally:
         clean_redis.delete(history)
+
+
+# Seeds ("Traffic does not match the weights"): "at capacity" is a reason the platform detects, not a guess.
+def test_capacity_answers_are_counted_per_backend_apart_from_errors(settings):
+    from apps.clusters.lbstate import BUSY_KEY, ERRORS_KEY, TRAFFIC_KEY, read_window
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    first, second = two_processes()
+    backend = SimpleNamespace(key="cap1")
+
+    async def answer() -> None:
+        await first.served("cap1", at_capacity=True)  # a 429
+        await second.served("cap1", at_capacity=True)
+        await first.failed("cap1", "pool/cap1", "HTTP 503", [backend], at_capacity=True)
+        await second.failed("cap1", "pool/cap1", "HTTP 502", [backend])
+        await first.served("cap1")
+        await first.maybe_flush(force=True)
+        await second.maybe_flush(force=True)
+
+    try:
+        run(answer)
+        window = read_window(1)
+        assert window.redis_ok
+        assert window.traffic["cap1"] == 5
+        assert window.busy["cap1"] == 3  # two 429s and a 503, from both processes
+        assert window.errors["cap1"] == 1  # only the 502 is an error
+    finally:
+        for key in (BUSY_KEY, ERRORS_KEY, TRAFFIC_KEY):
+            for pattern in client.scan_iter(key.format(bucket="*")):
+                client.hdel(pattern, "cap1")
+        client.delete("modelforge:lb:fails:cap1")

@@ -21,6 +21,7 @@ from apps.core.api.serializers import (
 )
 from apps.core.status import system_status
 from apps.core.tasks import record_worker_seen
+from modelforge.openapi import EMPTY_REFUSED
 
 
 class SystemStatusView(APIView):
@@ -78,16 +79,25 @@ class WorkListView(generics.GenericAPIView):
     @extend_schema(
         operation_id="system_work_list",
         parameters=[
-            OpenApiParameter("kind", OpenApiTypes.STR, enum=list(work.KINDS), description="Only this kind."),
+            # Empty is not "any" here (WorkFilterSerializer): the schema says so (modelforge.openapi).
             OpenApiParameter(
-                "stuck", OpenApiTypes.BOOL, description="Only rows past (true) or within (false) their bound."
+                "kind",
+                OpenApiTypes.STR,
+                enum=list(work.KINDS),
+                description="Only this kind.",
+                extensions={EMPTY_REFUSED: True},
+            ),
+            OpenApiParameter(
+                "stuck",
+                OpenApiTypes.BOOL,
+                description="Only rows past (true) or within (false) their bound.",
+                extensions={EMPTY_REFUSED: True},
             ),
         ],
         responses=WorkSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
-        # An empty value is the same as leaving the parameter out, as everywhere in the API.
-        filters = WorkFilterSerializer(data={k: v for k, v in request.query_params.dict().items() if v != ""})
+        filters = WorkFilterSerializer(data=request.query_params.dict())
         filters.is_valid(raise_exception=True)
         now = timezone.now()
         rows = [item.as_dict(now) for item in filters.rows(now)]

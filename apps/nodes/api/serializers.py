@@ -4,6 +4,7 @@ import re
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+import httpx
 from django.core.validators import RegexValidator
 from rest_framework import serializers
 
@@ -23,6 +24,10 @@ def http_url(value: str) -> None:
         raise serializers.ValidationError("Enter an http(s) URL such as http://gpu-01:8471.") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise serializers.ValidationError("Enter an http(s) URL such as http://gpu-01:8471.")
+    try:
+        httpx.URL(value)  # what the control plane calls the agent with: a host that is not a valid IDNA name
+    except httpx.InvalidURL:  # was a 500 at the first call to the agent
+        raise serializers.ValidationError("Enter an http(s) URL such as http://gpu-01:8471.") from None
 
 
 # Characters no name or URL may hold (modelforge.validators), as a regular-expression class body.
@@ -30,11 +35,12 @@ _UNPRINTABLE = r"\u0000-\u001f\u007f-\u009f\u2028\u2029\u061c\u200e\u200f\u202a-
 
 
 class HttpUrl(RegexValidator):
-    """``http_url`` as a validator whose pattern the OpenAPI schema states: http(s), a host, a port that
-    is a number. The check itself stays ``http_url`` (the pattern only describes it)."""
+    """``http_url`` as a validator whose pattern the OpenAPI schema states: http(s), an ASCII host, a port
+    that is a number. The check itself stays ``http_url`` (the pattern describes it; it admits a little
+    more: hosts in other scripts, IPv6)."""
 
     regex = re.compile(
-        rf"^[hH][tT][tT][pP][sS]?://([^/?#@{_UNPRINTABLE}]*@)?[^/?#@:\[\]{_UNPRINTABLE}]+"
+        rf"^[hH][tT][tT][pP][sS]?://([^/?#@\[\]{_UNPRINTABLE}]*@)?[A-Za-z0-9._~%!$&'()*+,;=-]+"
         r"(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4})?)?"
         rf"([/?#][^{_UNPRINTABLE}]*)?$"
     )

@@ -1,14 +1,15 @@
 from django import template
 
+from apps.core.templatetags.units import format_bytes
+
 register = template.Library()
 
 
 @register.filter
 def gib(value: int | None) -> str:
-    """Bytes as GiB with one decimal, or an em dash when unknown."""
-    if value is None:
-        return "—"
-    return f"{value / 2**30:.1f} GiB"
+    """Bytes in the unit that reads best (the dashboard's one helper, ``units.size``); kept under its old
+    name for the templates that load it."""
+    return format_bytes(value)
 
 
 @register.filter

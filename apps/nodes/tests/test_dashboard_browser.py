@@ -32,7 +32,7 @@ def test_an_operator_sees_gpu_memory_split_and_mints_a_token(live_web, browser):
         bars = page.locator(".gpu .bar")
         assert bars.count() == 2
         label = bars.first.get_attribute("aria-label") or ""
-        assert "12.0 GiB ModelForge" in label and "6.0 GiB external" in label and "6.0 GiB free" in label
+        assert "12 GiB ModelForge" in label and "6 GiB external" in label and "6 GiB free" in label
         widths = (
             page.locator(".gpu")
             .first.locator(".seg")

@@ -15,6 +15,7 @@ from apps.nodes.models import Node
 from apps.observability import sampling
 from apps.observability.models import TelemetrySample, TrafficSample
 from modelforge.errors import ApiError
+from modelforge.openapi import NOT_BLANK
 
 
 class TelemetrySampleSerializer(serializers.ModelSerializer):
@@ -34,7 +35,7 @@ class TelemetrySampleSerializer(serializers.ModelSerializer):
 
 # The query's bounds, as the schema states them (MinutesSerializer and TrafficQuerySerializer check them).
 MINUTES = {"type": "integer", "minimum": 1, "maximum": 7 * 24 * 60}
-BACKEND = {"type": "string", "maxLength": 64}
+BACKEND = {"type": "string", "maxLength": 64, "pattern": NOT_BLANK}
 
 
 class NodeTelemetrySerializer(serializers.Serializer):

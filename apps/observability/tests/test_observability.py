@@ -56,7 +56,7 @@ def broken_observability() -> Iterator[None]:
 def test_samples_copy_every_gpus_current_reading_and_expire(reporting_node, settings):
     node, credential = reporting_node
     settings.TELEMETRY_RETENTION_DAYS = 7
-    assert sampling.sample() == {"sampled": 2, "traffic": 0, "expired": 0, "degraded": 0}
+    assert sampling.sample() == {"sampled": 2, "hosts": 1, "traffic": 0, "expired": 0, "degraded": 0}
     rows = list(TelemetrySample.objects.filter(node_id=node.pk).order_by("gpu_index"))
     current = {g.index: g for g in GPU.objects.filter(node=node)}
     assert [r.gpu_index for r in rows] == [0, 1] and rows[0].node_name == "gpu-a"
@@ -64,7 +64,7 @@ def test_samples_copy_every_gpus_current_reading_and_expire(reporting_node, sett
     assert rows[1].temperature_c == current[1].temperature_c
     with time_machine.travel(timezone.now() + timedelta(days=8)):
         beat(credential, heartbeat_report(gpus=2))
-        assert sampling.sample() == {"sampled": 2, "traffic": 0, "expired": 2, "degraded": 0}
+        assert sampling.sample() == {"sampled": 2, "hosts": 1, "traffic": 0, "expired": 3, "degraded": 0}
 
 
 def test_a_node_that_stopped_reporting_is_not_sampled(reporting_node):
@@ -75,7 +75,7 @@ def test_a_node_that_stopped_reporting_is_not_sampled(reporting_node):
 @pytest.mark.django_db(databases=["default", "observability"], transaction=True)
 def test_the_monitoring_store_fails_alone(reporting_node, broken_observability, operator_client, client):
     node, credential = reporting_node
-    assert sampling.sample() == {"sampled": 0, "traffic": 0, "expired": 0, "degraded": 1}
+    assert sampling.sample() == {"sampled": 0, "hosts": 0, "traffic": 0, "expired": 0, "degraded": 1}
     alert = Alert.objects.open().get(code="OBSERVABILITY_DEGRADED")
     assert alert.severity == "warning" and "Serving, scheduling and recovery continue" in alert.message
     assert "OperationalError" in alert.message and "refused" in alert.message  # the dead port, nothing else

@@ -8,12 +8,16 @@ from typing import Any
 from apps.nodes.tests.factories import GIB, beat, gpu_report, heartbeat_report, make_node
 from apps.servers.scheduler import Request
 
+# The models the placement tests ask for: a server is only placed where its model is present (seeds: "A
+# remote start is refused outright"), so every test node holds these unless a test says otherwise.
+TEST_MODELS = ("m", "m1", "m2", "gemma")
+
 
 def gpu_node(
     name: str,
     gpus: list[tuple[int, int, int]],
     *,
-    models: Sequence[str] = (),
+    models: Sequence[str] = TEST_MODELS,
     shm_gib: int = 16,
     **fields: Any,
 ):
@@ -30,7 +34,7 @@ def gpu_node(
     return node
 
 
-def cpu_node(name: str, *, available_gib: int = 32, models: Sequence[str] = (), **fields: Any):
+def cpu_node(name: str, *, available_gib: int = 32, models: Sequence[str] = TEST_MODELS, **fields: Any):
     node, credential = make_node(name=name, accelerator="cpu", **fields)
     report = heartbeat_report(gpus=0)
     report["memory"] = {"total_bytes": 64 * GIB, "available_bytes": available_gib * GIB}

@@ -93,9 +93,9 @@ def test_a_disabled_or_stale_node_is_never_chosen(settings):
 
 
 def test_locality_wins_then_spread_or_pack(settings):
-    gpu_node("roomy", [(80, 0, 0)])
-    gpu_node("has-model", [(24, 0, 0)], models=["m1"])
-    gpu_node("snug", [(16, 0, 0)])
+    gpu_node("roomy", [(80, 0, 0)], models=["m2"])
+    gpu_node("has-model", [(24, 0, 0)], models=["m1", "m2"])
+    gpu_node("snug", [(16, 0, 0)], models=["m2"])
     assert placed_on(place(gpu_request("local", model="m1"))) == "has-model"
     settings.PLACEMENT_STRATEGY = "spread"
     assert placed_on(place(gpu_request("spread", model="m2"))) == "roomy"
@@ -251,7 +251,10 @@ def test_a_server_of_an_artifact_takes_its_name_size_and_encryption(settings):
         size_bytes=GIB,
         files=[{"path": "gemma.gguf", "size": GIB, "sha256": "0" * 64}],
     )
-    cpu_node("local-cpu")
+    from apps.artifacts.models import Replica
+
+    local = cpu_node("local-cpu")
+    Replica.objects.create(artifact=gguf, node=local, state="present", name="gemma.gguf")
     settings.LOCAL_NODE = "local-cpu"
     server = place(Request(name="g", profile="llamacpp-gguf", model="", artifact=gguf))
     assert (server.model, server.weights_bytes, server.artifact) == ("gemma.gguf", GIB, gguf)
@@ -277,7 +280,7 @@ def test_a_server_of_an_artifact_takes_its_name_size_and_encryption(settings):
     assert (caught.value.code, caught.value.status) == ("ARTIFACT_NOT_READY", 409)
 
 
-def test_placement_prefers_a_node_with_a_replica_recorded_present():
+def test_a_server_of_an_artifact_goes_only_where_a_replica_is_recorded_present():
     from apps.artifacts.models import Artifact, Replica
 
     weights = Artifact.objects.create(
@@ -287,12 +290,55 @@ def test_placement_prefers_a_node_with_a_replica_recorded_present():
     holder = gpu_node("holder", [(24, 0, 0)])
     copying = gpu_node("copying", [(24, 0, 0)])
     Replica.objects.create(artifact=weights, node=copying, state="copying", name="w")
-    assert placed_on(
-        place(Request(name="a", profile="test-echo-gpu", model="", gpus=1, artifact=weights))
-    ) == (
-        "roomy"  # no replica present anywhere: spread decides
-    )
+    # No replica present anywhere (one still copying): refused by the key, before anything is reserved.
+    refusal = refused(Request(name="a", profile="test-echo-gpu", model="", gpus=1, artifact=weights))
+    assert (refusal.code, refusal.status) == ("model_not_present_on_node", 409)
+    assert "[copying] model_not_present_on_node" in refusal.message
     Replica.objects.create(artifact=weights, node=holder, state="present", name="w")
     assert placed_on(
         place(Request(name="b", profile="test-echo-gpu", model="", gpus=1, artifact=weights))
     ) == ("holder")
+
+
+# Seeds, "A remote start is refused outright": model_not_present_on_node at placement, not a second later.
+def test_a_pinned_node_without_the_model_is_refused_by_its_key_before_anything_is_recorded():
+    gpu_node("bare", [(80, 0, 0)], models=[])
+    refusal = refused(gpu_request("pinned", model="m1", node="bare"))
+    assert (refusal.code, refusal.status) == ("model_not_present_on_node", 409)
+    assert "Replicate the model to that node first." in refusal.message
+    assert "[bare] model_not_present_on_node" in refusal.message
+    assert not ModelServer.objects.exists() and not Reservation.objects.exists()
+
+
+def test_nodes_without_the_model_do_not_fit_and_say_why(settings):
+    settings.PLACEMENT_STRATEGY = "spread"
+    gpu_node("bare", [(80, 0, 0)], models=["other"])
+    gpu_node("holder", [(24, 0, 0)], models=["m1"])
+    # bare has more room (spread would choose it): the model decides first.
+    assert placed_on(place(gpu_request("srv", model="m1"))) == "holder"
+    gpu_node("full", [(24, 23, 0)], models=["m1"])
+    refusal = refused(gpu_request("big", model="m1", weights_gib=30))
+    assert refusal.code == "CAPACITY_CONSTRAINED"
+    assert "[bare] model_not_present_on_node: 'm1' is not on this node" in refusal.message
+
+
+def test_no_node_holding_the_model_is_refused_by_the_key_with_every_node_named():
+    gpu_node("bare-1", [(80, 0, 0)], models=[])
+    cpu_node("cpu-elsewhere", models=[])  # not a candidate for a GPU profile: named as not eligible
+    gpu_node("bare-2", [(80, 0, 0)], models=["m2"])
+    refusal = refused(gpu_request("srv", model="m1"))
+    assert (refusal.code, refusal.status) == ("model_not_present_on_node", 409)
+    assert "[bare-1] model_not_present_on_node" in refusal.message
+    assert "[bare-2] model_not_present_on_node" in refusal.message
+    # A node holding the model but full is the scheduler's capacity answer, not a presence problem.
+    gpu_node("full", [(24, 23, 0)], models=["m1"])
+    assert refused(gpu_request("srv2", model="m1")).code == "CAPACITY_CONSTRAINED"
+
+
+def test_the_api_refuses_a_pinned_start_on_a_node_without_the_model(operator_client):
+    gpu_node("rig", [(24, 0, 0)], models=[])
+    body = {"name": "api-srv", "profile": "test-echo-gpu", "model": "m1", "gpus": 1, "weights_bytes": GIB}
+    refusal = operator_client.post("/api/v1/servers", {**body, "node": "rig"}, format="json")
+    assert refusal.status_code == 409
+    assert refusal.json()["code"] == "model_not_present_on_node"
+    assert "Replicate the model to that node first." in refusal.json()["message"]

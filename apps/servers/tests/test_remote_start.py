@@ -76,6 +76,21 @@ def test_a_server_is_launched_runs_answers_and_stops(celery_worker_process, agen
 def test_a_model_missing_on_the_node_is_refused_by_its_key(
     celery_worker_process, agent_node, operator_client
 ):
+    # Seeds, "A remote start is refused outright": at placement, the node's report not naming the model.
+    refused = operator_client.post(
+        "/api/v1/servers",
+        {"name": "echo-2", "profile": "test-echo", "model": "not-there", "node": "worker-node"},
+        format="json",
+    )
+    assert refused.status_code == 409
+    assert refused.json()["code"] == "model_not_present_on_node"
+    assert "Replicate the model to that node first." in refused.json()["message"]
+    assert not ModelServer.objects.filter(name="echo-2").exists()
+    # The launch-time check stays the second line of defence: a report that names a model the node no
+    # longer has (removed since its last heartbeat) fails at launch, by the same key.
+    Node.objects.filter(name="worker-node").update(
+        models_present=[{"name": "not-there", "kind": "weights_directory"}]
+    )
     created = operator_client.post(
         "/api/v1/servers", {"name": "echo-2", "profile": "test-echo", "model": "not-there"}, format="json"
     )
