@@ -44,6 +44,8 @@ KNOWN_ELSEWHERE = frozenset(
         "MODELFORGE_TEST_PAUSE_AT",  # the backup and restore kill tests
         "MODELFORGE_TEST_PG15_URL",  # tests/test_database_compatibility.py
         "MODELFORGE_FUZZ_URL",  # bench/fuzz
+        "MODELFORGE_TEST_FUZZ_SEED",  # tests/test_api_fuzz.py
+        "MODELFORGE_TEST_FUZZ_EXAMPLES",
     }
 )
 

@@ -1,10 +1,17 @@
 """schemathesis over every operation of the OpenAPI document, in process: a short run with a fixed seed.
 
-Each operation is a test of its own (its own transaction, rolled back), called through Django's WSGI
-handler with the operator's key, with positive and negative cases. Every answer must be documented by
-the schema (status code, content type, body) and keep the error contract (tests/contract_checks.py):
-the envelope on every error, the exact plain 500, and no 500 at all. The long run, stateful included,
-is bench/fuzz/run.py against a running server.
+Each operation is a test of its own, called through Django's WSGI handler with the operator's key, with
+positive and negative cases (about four each). Every answer must be documented by the schema (status
+code, content type, body and headers), a schema-valid request must not be refused with a 400 (the
+schema states every rule the server enforces), and the error contract holds (tests/contract_checks.py):
+the envelope on every error, the exact plain 500, no 500 at all.
+
+Positive cases are steered to a small world of real rows (``world``, ``steer_to_world``), so that they
+reach the code behind the 404; each example runs in a savepoint rolled back after it. The coverage and
+stateful phases, and many more examples, are the long run's: bench/fuzz/run.py against a server.
+``MODELFORGE_TEST_FUZZ_EXAMPLES`` and ``MODELFORGE_TEST_FUZZ_SEED`` make a local run look harder or
+elsewhere. Then: every credential class against every operation, and the findings of the runs, each
+held by a test of its own.
 """
 
 from __future__ import annotations
@@ -36,8 +43,9 @@ from schemathesis.specs.openapi.checks import (
 
 from tests.contract_checks import CONTRACT_CHECKS
 
-SEED = 20261130
-MAX_EXAMPLES = int(os.environ.get("FUZZ_N", "4"))
+SEED = int(os.environ.get("MODELFORGE_TEST_FUZZ_SEED", "20261130"))
+# About 370 cases in 20-30 s on the 2-core machine: make test's budget.
+MAX_EXAMPLES = int(os.environ.get("MODELFORGE_TEST_FUZZ_EXAMPLES", "4"))
 
 CONFIG = schemathesis.Config.from_dict(
     {
@@ -45,6 +53,7 @@ CONFIG = schemathesis.Config.from_dict(
         # U+0000 is refused anywhere in a body, keys included (modelforge.parsers): a rule the schema
         # states for text fields (their pattern) but cannot for the keys of an open object.
         "generation": {"max-examples": MAX_EXAMPLES, "mode": "all", "database": "none", "allow-x00": False},
+        # Coverage (hundreds of boundary cases per operation) and stateful sequences: the long run's.
         "phases": {"coverage": {"enabled": False}, "stateful": {"enabled": False}},
     }
 )
@@ -381,3 +390,88 @@ def test_no_credential_but_the_operators_opens_any_operation(settings: Any) -> N
         assert (status, code) == (
             (403, "PERMISSION_DENIED") if name == "non-staff session" else (401, "NOT_AUTHENTICATED")
         ), (name, seen)
+
+
+# --- What the runs found, each held by a test of its own ----------------------------------------------
+
+
+def assert_refused(response: Any, status: int, code: str) -> str:
+    assert response.status_code == status, response.content
+    body = response.json()
+    assert set(body) == {"code", "message", "correlation_id"} and body["code"] == code, body
+    return str(body["message"])
+
+
+@pytest.mark.django_db
+def test_a_taken_capability_name_is_a_validation_error_not_a_500(operator_client: Any) -> None:
+    # bench/fuzz: the declared name field had dropped the model's unique check (IntegrityError, a 500).
+    first = operator_client.post("/api/v1/capabilities", {"name": "rag.embedding@1"}, format="json")
+    other = operator_client.post("/api/v1/capabilities", {"name": "chat.general@1"}, format="json")
+    assert first.status_code == other.status_code == 201
+    again = operator_client.post("/api/v1/capabilities", {"name": "rag.embedding@1"}, format="json")
+    assert "exists" in assert_refused(again, 400, "VALIDATION_ERROR")
+    url = f"/api/v1/capabilities/{other.json()['id']}"
+    assert_refused(
+        operator_client.put(url, {"name": "rag.embedding@1"}, format="json"), 400, "VALIDATION_ERROR"
+    )
+    assert_refused(
+        operator_client.patch(url, {"name": "rag.embedding@1"}, format="json"), 400, "VALIDATION_ERROR"
+    )
+    assert operator_client.patch(url, {"name": "chat.general@1"}, format="json").status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_webhook_httpx_cannot_send_to_is_refused_and_a_stored_one_fails_delivery_not_a_500(
+    operator_client: Any,
+) -> None:
+    # bench/fuzz: a host that is not a valid IDNA name (or a port that is not a number) made the channel's
+    # test raise httpx.InvalidURL, a 500.
+    from apps.alerts.models import NotificationChannel
+
+    for target in ("http://\U0007ed85\u00ea/", "https://example.test:port/"):
+        refused = operator_client.post(
+            "/api/v1/notification-channels",
+            {"name": "hook", "kind": "webhook", "target": target},
+            format="json",
+        )
+        assert "webhook" in assert_refused(refused, 400, "VALIDATION_ERROR")
+    stored = NotificationChannel.objects.create(name="old", kind="webhook", target="http://\U0007ed85\u00ea/")
+    answer = operator_client.post(f"/api/v1/notification-channels/{stored.pk}/test")
+    assert "InvalidURL" in assert_refused(answer, 502, "NOTIFICATION_FAILED")
+
+
+@pytest.mark.django_db
+def test_an_agent_url_the_control_plane_cannot_call_is_refused_at_enrollment(client: Any) -> None:
+    # The same class as the webhook: the first signed call to such an agent raised httpx.InvalidURL.
+    from apps.nodes.models import EnrollmentToken
+
+    _, token = EnrollmentToken.objects.mint()
+    body = {"token": token, "name": "n1", "accelerator": "cpu", "agent_version": "0.1.0"}
+    for url in ("http://\U0007ed85\u00ea:8471", "http://host:port"):
+        answer = client.post(
+            "/api/v1/agent/enroll", {**body, "agent_url": url}, content_type="application/json"
+        )
+        assert "agent_url" in assert_refused(answer, 400, "VALIDATION_ERROR")
+    enrolled = client.post(
+        "/api/v1/agent/enroll", {**body, "agent_url": "http://gpu-01:8471"}, content_type="application/json"
+    )
+    assert enrolled.status_code == 201, enrolled.content
+
+
+@pytest.mark.django_db
+def test_asking_again_for_a_replica_retries_it_rather_than_refusing_a_duplicate(operator_client: Any) -> None:
+    # The fuzz run: a second POST /replicas for the same artifact and node was 400 "must make a unique
+    # set", though asking again is how a failed replica is retried (replication.request_replica).
+    from apps.artifacts.models import Artifact, Replica
+    from apps.nodes.tests.factories import make_node
+
+    node, _ = make_node(name="again")
+    artifact = Artifact.objects.create(name="a", source_kind="huggingface", locator="org/a", state="ready")
+    replica = Replica.objects.create(
+        artifact=artifact, node=node, name="a", state="failed", reason="copy broke"
+    )
+    answer = operator_client.post(
+        "/api/v1/replicas", {"artifact": artifact.pk, "node": str(node.pk)}, format="json"
+    )
+    assert answer.status_code == 202, answer.content
+    assert answer.json()["id"] == replica.pk and answer.json()["state"] == "requested"

@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import subprocess
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +29,16 @@ from psycopg import sql
 
 # Advisory-lock namespace (the first key of the two-key form): "MFBK".
 LOCK_NAMESPACE = 0x4D46424B
+
+
+def lock_namespace() -> int:
+    """The advisory locks' first key: ours, and this installation's. The locks live on the maintenance
+    database, which every installation on one PostgreSQL server shares; the service database's name
+    keeps two installations (or two test runs) on one server from holding each other's locks."""
+    name = str(settings.DATABASES["default"]["NAME"])
+    return (LOCK_NAMESPACE ^ zlib.crc32(name.encode())) & 0x7FFFFFFF
+
+
 # The second key: a backup's id, VERIFY_LOCK_BASE + a backup's id (its verification),
 # ACQUIRE_LOCK_BASE + an artifact's id (its acquisition), or RESTORE_LOCK_BASE + a restore's id.
 VERIFY_LOCK_BASE = 1 << 28
@@ -183,7 +194,7 @@ def liveness_lock(server: Server, key: int) -> Iterator[psycopg.Connection[Any]]
     """
     conn = server.maintenance()
     try:
-        row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", [LOCK_NAMESPACE, key]).fetchone()
+        row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", [lock_namespace(), key]).fetchone()
         if not (row and row[0]):
             raise LockHeld(key)
         yield conn
@@ -193,8 +204,8 @@ def liveness_lock(server: Server, key: int) -> Iterator[psycopg.Connection[Any]]
 
 def is_alive(conn: psycopg.Connection[Any], key: int) -> bool:
     """True if a live session holds the lock ``key`` (probed without keeping it)."""
-    row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", [LOCK_NAMESPACE, key]).fetchone()
+    row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", [lock_namespace(), key]).fetchone()
     if row and row[0]:
-        conn.execute("SELECT pg_advisory_unlock(%s, %s)", [LOCK_NAMESPACE, key])
+        conn.execute("SELECT pg_advisory_unlock(%s, %s)", [lock_namespace(), key])
         return False
     return True

@@ -83,7 +83,7 @@ def request_backup(*, trigger: str, by: str) -> Backup:
     with transaction.atomic():
         with connection.cursor() as cursor:
             # Two operators pressing the button at once queue one backup, not two.
-            cursor.execute("SELECT pg_advisory_xact_lock(%s, 0)", [pgtools.LOCK_NAMESPACE])
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, 0)", [pgtools.lock_namespace()])
         from apps.backups.models import Restore, RestoreState
 
         restoring = Restore.objects.filter(state__in=(RestoreState.QUEUED, RestoreState.RUNNING)).first()

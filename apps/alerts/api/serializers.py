@@ -38,9 +38,12 @@ class AlertSerializer(serializers.ModelSerializer):
 # What validate() below admits, for the OpenAPI schema (a PATCH is judged with the stored kind, which a
 # schema cannot see: stated for whole bodies only). The kinds are patterns, not enums: drf-spectacular's
 # enum post-processing would replace an enum here with the kind's whole choice set. The e-mail pattern
-# is the common shape of an address, and the webhook's host is ASCII (httpx refuses a host that is not a
-# valid IDNA name, a rule no pattern states); what validate() admits is a little wider.
-_WEBHOOK = r"^[hH][tT][tT][pP][sS]?://([^/?#@\[\]]*@)?[A-Za-z0-9._~%!$&'()*+,;=-]+([:/?#].*)?$"
+# is the common shape of an address, and the webhook's host is ASCII and its port a number (httpx, which
+# sends it, refuses a host that is not a valid IDNA name); what validate() admits is a little wider.
+_WEBHOOK = (
+    r"^[hH][tT][tT][pP][sS]?://([^/?#@\[\]]*@)?[A-Za-z0-9._~%!$&'()*+,;=-]+"
+    r"(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4})?)?([/?#].*)?$"
+)
 _ADDRESS = (
     r"[A-Za-z0-9_%+-]{1,64}(\.[A-Za-z0-9_%+-]{1,64}){0,3}"
     r"@([A-Za-z0-9]([A-Za-z0-9-]{0,30}[A-Za-z0-9])?\.){1,4}[A-Za-z]{2,24}"
