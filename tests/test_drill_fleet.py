@@ -148,7 +148,9 @@ def test_two_of_three_agents_killed_at_once_are_held_until_an_operator_confirms(
         three_agents[name].process.kill()
         three_agents[name].process.wait(10)
 
-    assert sweep_until(settings, lambda: open_alert("NODE_MASS_LOSS", "fleet liveness") is not None)
+    assert sweep_until(
+        settings, lambda: open_alert("NODE_MASS_LOSS", "fleet liveness") is not None, timeout=60
+    )
     # Held: well past the offline limit, stale, and no server failed.
     assert not sweep_until(settings, lambda: Node.objects.filter(liveness="offline").exists(), timeout=6)
     assert dict(Node.objects.values_list("name", "liveness")) == {

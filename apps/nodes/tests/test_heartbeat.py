@@ -54,7 +54,7 @@ def test_a_heartbeat_brings_the_node_online_with_its_inventory(post):
         "node_id": str(node.pk),
         "liveness": "online",
         "enabled": True,
-        "heartbeat_interval_s": 10,
+        "heartbeat_interval_s": 1,  # the session web process answers 1 s (tests/fixtures.live_web)
     }
     assert response.headers["X-Correlation-ID"]
     node.refresh_from_db()
