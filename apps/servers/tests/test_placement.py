@@ -190,9 +190,9 @@ def test_the_decision_takes_the_same_number_of_queries_for_any_number_of_nodes()
 def test_concurrent_placements_never_overcommit_a_gpu(monkeypatch):
     # Placement alone: a worker running elsewhere in the suite would start (and, with no agent, fail)
     # these servers, releasing their reservations mid-race.
-    from apps.servers import tasks
+    from apps.servers import scheduler
 
-    monkeypatch.setattr(tasks.start_server, "delay", lambda *args, **kwargs: None)
+    monkeypatch.setattr(scheduler, "send_on_commit", lambda *args, **kwargs: None)
     gpu_node("contended", [(24, 0, 0)])  # each server needs 5.8 GiB: at most 4 fit (23.2 GiB)
     racers = 10
     barrier = threading.Barrier(racers)
