@@ -234,8 +234,10 @@ class EmbeddedRedis:
             check=True,
             start_new_session=True,
         )
+        # Redis binds its port before it writes its pid file: wait for both, or a second
+        # look straight after this one finds the port taken by "another program".
         deadline = time.monotonic() + 15
-        while not _port_open(self.port):
+        while not (_port_open(self.port) and self.pid() is not None):
             if time.monotonic() > deadline:
                 raise EmbeddedStackError(f"embedded Redis did not start; see {self.log_file}")
             time.sleep(0.1)
