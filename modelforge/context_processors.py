@@ -14,7 +14,7 @@ NAVIGATION: list[dict[str, str | None]] = [
     {"key": "clusters", "label": "Clusters", "url_name": "clusters:list"},
     {"key": "artifacts", "label": "Artifacts", "url_name": "artifacts:list"},
     {"key": "backups", "label": "Backups", "url_name": "backups:list"},
-    {"key": "migrations", "label": "Migrations", "url_name": None},
+    {"key": "migrations", "label": "Migrations", "url_name": "migrations:list"},
     {"key": "alerts", "label": "Alerts", "url_name": "alerts:list"},
     {"key": "work", "label": "Work", "url_name": "dashboard:work"},
 ]

@@ -527,6 +527,8 @@ def _run_locked(home: Path) -> int:
     local_name = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:63].strip("-.") or "local"
     env.setdefault("MODELFORGE_AGENT_NAME", local_name)
     env.setdefault("MODELFORGE_LOCAL_NODE", env["MODELFORGE_AGENT_NAME"])
+    # A cutover's reindex embeds through this stack's own gateway.
+    env.setdefault("MODELFORGE_GATEWAY_URL", f"http://127.0.0.1:{env.get('MODELFORGE_PORT', '8000')}")
 
     say(f"data folder {home}")
     # The backup root of the embedded default (a configured MODELFORGE_BACKUP_ROOT is the operator's to

@@ -18,11 +18,14 @@ from django.db import transaction
 logger = logging.getLogger("modelforge.dispatch")
 
 
-def send(task: Any, *args: Any, countdown: float | None = None) -> bool:
+def send(task: Any, *args: Any, countdown: float | None = None, queue: str | None = None) -> bool:
     """Send now; False (logged) when the broker cannot take it. Publishing is not retried here: the
     watchdog re-sends, and a request must not wait out the broker's connection retries."""
     try:
-        task.apply_async(args, countdown=countdown, retry=False)
+        if queue:
+            task.apply_async(args, countdown=countdown, retry=False, queue=queue)
+        else:
+            task.apply_async(args, countdown=countdown, retry=False)
     except Exception as exc:  # kombu's OperationalError, a socket error, a Redis error: the broker is away
         logger.warning(
             "task %s%s not sent, the broker did not take it (%s: %s); the watchdog re-sends it",
@@ -35,6 +38,6 @@ def send(task: Any, *args: Any, countdown: float | None = None) -> bool:
     return True
 
 
-def send_on_commit(task: Any, *args: Any, countdown: float | None = None) -> None:
+def send_on_commit(task: Any, *args: Any, countdown: float | None = None, queue: str | None = None) -> None:
     """Send once the surrounding transaction commits (at once outside one)."""
-    transaction.on_commit(lambda: send(task, *args, countdown=countdown))
+    transaction.on_commit(lambda: send(task, *args, countdown=countdown, queue=queue))

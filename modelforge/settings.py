@@ -211,6 +211,7 @@ INSTALLED_APPS = [
     "apps.artifacts",
     "apps.backups",
     "apps.observability",
+    "apps.embedding_migrations",
 ]
 
 MIDDLEWARE = [
@@ -398,6 +399,13 @@ WORK_STUCK_AFTER = read.integer("MODELFORGE_WORK_STUCK_AFTER", 600, minimum=30, 
 WORK_LONG_TASK_BOUND = read.integer(
     "MODELFORGE_WORK_LONG_TASK_BOUND", 6 * 3600, minimum=60, maximum=7 * 86400
 )
+# Embedding migrations: the gateway a reindex embeds through (as a client, with a credential scoped to the
+# target capability), and how long a running stage may go without progress before it is interrupted.
+GATEWAY_URL = read.url("MODELFORGE_GATEWAY_URL", "http://127.0.0.1:8000", schemes=("http", "https"))
+CUTOVER_STALL_AFTER = read.integer("MODELFORGE_CUTOVER_STALL_AFTER", 120, minimum=2, maximum=86400)
+# The Celery queue of cutover runs: "celery" (the default queue), or a queue of its own so that long
+# reindexes run on workers started with -Q NAME and never delay placements or recoveries.
+CUTOVER_QUEUE = read.string("MODELFORGE_CUTOVER_QUEUE", "celery")
 # Redis re-delivers an unacknowledged task after the visibility timeout even while it still runs, so it
 # must be longer than the longest task (a restore or acquisition of hours); the watchdog, not
 # re-delivery, is what recovers work from a killed worker.
@@ -422,6 +430,7 @@ CELERY_BEAT_SCHEDULE = {
     "backup-housekeeping": {"task": "backups.housekeeping", "schedule": 60.0},
     "notify-alerts": {"task": "alerts.notify", "schedule": float(NOTIFY_INTERVAL)},
     "sample-telemetry": {"task": "observability.sample", "schedule": float(TELEMETRY_SAMPLE_INTERVAL)},
+    "watch-cutovers": {"task": "embedding_migrations.watch", "schedule": 15.0},
 }
 # The backup schedule itself is a crontab row created by apps/backups/migrations (daily, 02:00 UTC) and
 # edited in the admin: entries here are rewritten by beat at every start, admin edits would not last.

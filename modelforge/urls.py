@@ -13,6 +13,7 @@ api_patterns: list[URLPattern | URLResolver] = [
     path("", include("apps.artifacts.api.urls")),
     path("", include("apps.backups.api.urls")),
     path("", include("apps.observability.api.urls")),
+    path("", include("apps.embedding_migrations.api.urls")),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", openapi.api_docs, name="docs"),
 ]
@@ -30,6 +31,7 @@ urlpatterns = [
     path("artifacts/", include("apps.artifacts.urls")),
     path("backups/", include("apps.backups.urls")),
     path("observability/", include("apps.observability.urls")),
+    path("migrations/", include("apps.embedding_migrations.urls")),
     path("", include("apps.core.urls")),
 ]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -52,10 +53,18 @@ def admin_connection() -> psycopg.Connection[Any]:
     )
 
 
+@functools.cache
+def live_web_port() -> int:
+    """The session web process's port, chosen first: every worker started here embeds through it."""
+    return free_port()
+
+
 def process_env(**overrides: str | None) -> dict[str, str]:
-    """The environment for a child process: ours, with ``overrides`` (``None`` removes a variable)."""
+    """The environment for a child process: ours, with ``overrides`` (``None`` removes a variable).
+    A worker's cutover reindex embeds through the session's web process (``MODELFORGE_GATEWAY_URL``)."""
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("MODELFORGE_GATEWAY_URL", f"http://127.0.0.1:{live_web_port()}")
     for name, value in overrides.items():
         if value is None:
             env.pop(name, None)
@@ -178,7 +187,7 @@ class LiveWeb:
 @pytest.fixture(scope="session")
 def live_web(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveWeb]:
     """The real web application under gunicorn + uvicorn workers, on the test database."""
-    port = free_port()
+    port = live_web_port()
     env = process_env(
         MODELFORGE_DATABASE_URL=database_url(),
         MODELFORGE_BIND=f"127.0.0.1:{port}",

@@ -2,10 +2,11 @@
 
     python -m agent.engines.echo --port 9000 --model NAME
 
-``GET /health``, ``GET /v1/models``, ``POST /v1/embeddings`` (a deterministic 8-dimensional vector per
-input, derived from its SHA-256) and ``POST /v1/chat/completions`` (echoes the last user message, or
-streams it word by word with ``"stream": true``). An input containing ``__status_NNN__`` is answered
-with that status, so tests can make a backend fail on purpose. It is
+``GET /health``, ``GET /v1/models``, ``POST /v1/embeddings`` (a deterministic unit vector per input,
+derived from the model's name and the text: 8 dimensions, or N for a name ending ``-Nd``) and
+``POST /v1/chat/completions`` (echoes the last user message, or streams it word by word with
+``"stream": true``). An input containing ``__status_NNN__`` is answered with that status, so tests can
+make a backend fail on purpose. It is
 what the ``test-echo`` runtime profile launches, so placement, remote starts, stops and routing can be
 exercised with a real process and real HTTP on any machine.
 """
@@ -15,6 +16,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
+import re
 import signal
 import sys
 import time
@@ -25,12 +28,23 @@ from typing import Any
 STREAM_PAUSE_S = 0.2
 
 
-def vector(text: str) -> list[float]:
-    digest = hashlib.sha256(text.encode()).digest()
-    return [round(b / 255, 6) for b in digest[:8]]
+def dimensions_of(model: str) -> int:
+    """8, or what the model's name ends with: ``minilm-16d`` embeds in 16 dimensions."""
+    found = re.search(r"-(\d{1,4})d$", model)
+    return int(found.group(1)) if found and int(found.group(1)) > 0 else 8
+
+
+def vector(text: str, model: str = "echo", dimensions: int = 8) -> list[float]:
+    """A unit vector derived from the model's name and the text: each model is a space of its own."""
+    raw = hashlib.shake_256(model.encode() + b"\0" + text.encode()).digest(dimensions)
+    values = [b / 127.5 - 1.0 for b in raw]
+    norm = math.sqrt(sum(v * v for v in values)) or 1.0
+    return [round(v / norm, 6) for v in values]
 
 
 def make_handler(model: str) -> type[BaseHTTPRequestHandler]:
+    dimensions = dimensions_of(model)
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -100,7 +114,7 @@ def make_handler(model: str) -> type[BaseHTTPRequestHandler]:
                 inputs = request.get("input", [])
                 inputs = [inputs] if isinstance(inputs, str) else list(inputs)
                 data = [
-                    {"object": "embedding", "index": i, "embedding": vector(str(t))}
+                    {"object": "embedding", "index": i, "embedding": vector(str(t), model, dimensions)}
                     for i, t in enumerate(inputs)
                 ]
                 self._json(

@@ -168,7 +168,9 @@ class Gateway:
                 break
             tried.add(backend.key)
             try:
-                status = await self._forward(backend, path, body, send, correlation_id)
+                status = await self._forward(
+                    backend, path, body, send, correlation_id, table.spaces.get(capability)
+                )
             except ConnectFailed as exc:
                 # Nothing reached the backend: count it, and try another once.
                 await shared.failed(
@@ -233,7 +235,13 @@ class Gateway:
         )
 
     async def _forward(
-        self, backend: Backend, path: str, body: bytes, send: Send, correlation_id: str
+        self,
+        backend: Backend,
+        path: str,
+        body: bytes,
+        send: Send,
+        correlation_id: str,
+        space: str | None = None,
     ) -> int:
         """Proxy one request. A backend error becomes the envelope (the backend's message kept); a
         success streams through chunk by chunk, never buffered."""
@@ -255,6 +263,8 @@ class Gateway:
                 (b"x-correlation-id", correlation_id.encode()),
                 (b"x-modelforge-backend", backend.name.encode()),
             ]
+            if space is not None:  # the embedding space the answer was made in (apps/embedding_migrations)
+                headers.append((b"x-modelforge-embedding-space", space.encode()))
             if response.complete:
                 # The whole answer came with its head (the usual case for embeddings and non-streamed
                 # chat): one body message, so the server writes it at once with a Content-Length.

@@ -33,6 +33,15 @@ class Capability(models.Model):
 
     name = models.CharField(max_length=80, unique=True, help_text="name@version, e.g. rag.embedding@1")
     description = models.CharField(max_length=200, blank=True)
+    follows = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="followers",
+        help_text="Served by the other capability's backends: a consumer alias's query name, switched by "
+        "its cutover (apps/embedding_migrations).",
+    )
 
     class Meta:
         ordering = ["name"]

@@ -112,6 +112,8 @@ class Grant:
 class Table:
     grants: dict[str, Grant]
     bindings: dict[str, list[Binding]]
+    # The embedding space key per capability (apps/embedding_migrations), sent back with embeddings.
+    spaces: dict[str, str] = field(default_factory=dict)
     built_at: float = field(default_factory=time.monotonic)
     # Candidates per (capability, project), computed once per table: a table never changes once built.
     candidates: dict[tuple[str, str], tuple[list[Backend], str, str | None]] = field(
@@ -164,7 +166,20 @@ def build_table() -> Table:
         bindings.setdefault(tier.capability.name, []).append(
             Binding(tier.tier, tier.project, name, algorithm, tuple(b for b in found if b is not None))
         )
-    return Table(grants, bindings)
+    from apps.embedding_migrations.models import EmbeddingSpace
+
+    spaces = {s.capability.name: s.key for s in EmbeddingSpace.objects.select_related("capability")}
+    # A capability that follows another (a consumer alias's query name) is served by its backends and
+    # answers in its space; a cutover moves both in one write.
+    for name, followed in Capability.objects.filter(follows__isnull=False).values_list(
+        "name", "follows__name"
+    ):
+        bindings[name] = bindings.get(followed, [])
+        if followed in spaces:
+            spaces[name] = spaces[followed]
+        else:
+            spaces.pop(name, None)
+    return Table(grants, bindings, spaces)
 
 
 class Router:
