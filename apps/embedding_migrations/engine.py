@@ -625,7 +625,7 @@ class GatewayEmbedder:
         self.capability = capability
         self.born = time.monotonic()
         self.client = httpx.Client(
-            base_url=settings.GATEWAY_URL,
+            base_url=str(settings.GATEWAY_URL),
             headers={"Authorization": f"Bearer {secret}"},
             timeout=httpx.Timeout(60.0, connect=5.0),
         )

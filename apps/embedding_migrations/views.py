@@ -3,6 +3,7 @@ actions (start, cut over, complete, roll back, retry), and planning a cutover fo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import messages
@@ -20,7 +21,7 @@ from modelforge.validators import checked_text
 
 staff_required: Any = staff_member_required(login_url="dashboard:login")
 
-ACTIONS = {
+ACTIONS: dict[str, tuple[Callable[..., Cutover], bool]] = {
     "start": (engine.start, False),
     "cut": (engine.cut, False),
     "complete": (engine.complete, True),

@@ -18,7 +18,9 @@ from modelforge.validators import PrintableText
 
 
 class EmbeddingSpaceSerializer(serializers.ModelSerializer):
-    capability = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    capability: serializers.SlugRelatedField[Capability] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
     key = serializers.CharField(read_only=True)
     description = serializers.CharField(source="describe", read_only=True)
 
@@ -93,8 +95,12 @@ class CutoverEventSerializer(serializers.ModelSerializer):
 
 
 class CutoverSerializer(serializers.ModelSerializer):
-    source_capability = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    target_capability = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    source_capability: serializers.SlugRelatedField[Capability] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
+    target_capability: serializers.SlugRelatedField[Capability] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
     alias_name = serializers.CharField(source="alias.__str__", read_only=True)
     interrupted = serializers.BooleanField(read_only=True)
     progress = serializers.SerializerMethodField()

@@ -259,5 +259,5 @@ def test_a_worker_killed_in_each_stage_that_touches_the_store_leaves_the_cutover
     assert alias_target() == second.target_index
     fleet.alias.refresh_from_db()
     assert fleet.alias.capability.name == "rag.embedding@2"
-    assert Capability.objects.get(name="kb.query@1").follows.name == "rag.embedding@2"
+    assert str(Capability.objects.get(name="kb.query@1").follows) == "rag.embedding@2"
     assert not Alert.objects.open().filter(subject_type="cutover").exists()

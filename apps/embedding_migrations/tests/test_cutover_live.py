@@ -39,7 +39,7 @@ def fleet(live_web, celery_worker_process, operator_client, tmp_path: Path) -> I
         stop_agent(agent)
 
 
-def stage(pk: object) -> str:
+def stage(pk: str) -> str:
     return Cutover.objects.get(pk=pk).stage
 
 
@@ -129,7 +129,7 @@ def test_a_cutover_reindexes_through_the_gateway_and_swaps_with_no_failed_or_wro
     assert set(consumer.spaces_seen) == {source.key, target.key}
     alias.refresh_from_db()
     assert alias.index == done.target_index and alias.capability.name == "rag.embedding@2"
-    assert Capability.objects.get(name="kb.query@1").follows.name == "rag.embedding@2"
+    assert str(Capability.objects.get(name="kb.query@1").follows) == "rag.embedding@2"
     events = [(e.from_stage, e.to_stage) for e in Cutover.objects.get(pk=pk).events.all()]
     assert events == [
         ("", "planned"),
