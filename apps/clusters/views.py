@@ -29,7 +29,9 @@ MINTED_SESSION_KEY = "clusters.minted_credential"
 def cluster_list(request: HttpRequest) -> HttpResponse:
     context = {
         "clusters": Cluster.objects.prefetch_related("members__server"),
-        "capabilities": Capability.objects.prefetch_related("tiers__cluster", "tiers__server"),
+        "capabilities": Capability.objects.select_related("follows", "embedding_space").prefetch_related(
+            "tiers__cluster", "tiers__server"
+        ),
         "credentials": ClientCredential.objects.all()[:50],
         "capability_names": Capability.objects.order_by("name").values_list("name", flat=True),
         "algorithms": Algorithm.choices,

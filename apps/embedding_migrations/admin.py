@@ -111,6 +111,7 @@ class EmbeddingSpaceAdmin(admin.ModelAdmin):
 class VectorStoreAdmin(admin.ModelAdmin):
     list_display = ("name", "kind", "created_at")
     exclude = ("dsn",)  # a connection string may hold a password: set it through the API
+    readonly_fields = ("kind", "created_at")  # the adapter is chosen (and the store checked) by the API
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ from typing import Any
 
 import httpx
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, close_old_connections, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -52,6 +53,8 @@ VERIFY_SAMPLE = 32
 # A re-embedded sample must match what was stored (cosine similarity; rounding of the engine's JSON).
 SAME_VECTOR = 0.9999
 PROBE_TEXTS = ["modelforge embedding space probe", "a second, different probe text"]
+# Names the control plane's own measuring request to a backend (not a client's, never through the gateway).
+PROBE_HEADER = "X-ModelForge-Probe"
 
 
 # --- spaces ----------------------------------------------------------------------------------------------
@@ -74,7 +77,7 @@ def _running_backend(capability: Capability) -> tuple[ModelServer, str]:
     raise ApiError(
         codes.EMBEDDING_SPACE_UNKNOWN,
         f"{capability.name} has no running backend to measure its embedding space: bind it to a running "
-        "server (or declare the space with PUT).",
+        "server, or declare the space (POST /api/v1/embedding-spaces).",
         409,
     )
 
@@ -91,7 +94,10 @@ def measure_space(capability: Capability, *, actor: str, pooling: str = Pooling.
     server, url = _running_backend(capability)
     try:
         answer = httpx.post(
-            f"{url}/v1/embeddings", json={"model": capability.name, "input": PROBE_TEXTS}, timeout=10
+            f"{url}/v1/embeddings",
+            json={"model": capability.name, "input": PROBE_TEXTS},
+            headers={PROBE_HEADER: "embedding-space"},
+            timeout=10,
         )
         answer.raise_for_status()
         vectors = [item["embedding"] for item in answer.json()["data"]]
@@ -131,6 +137,14 @@ def record_space(capability: Capability, identity: dict[str, Any], *, actor: str
         if current is not None:
             changed = any(getattr(current, k) != v for k, v in identity.items())
             holders = ConsumerAlias.objects.filter(capability=capability)
+            moving = Cutover.objects.filter(target_capability=capability).exclude(stage__in=FINAL_STAGES)
+            if changed and moving.exists():
+                raise ApiError(
+                    codes.CUTOVER_IN_PROGRESS,
+                    f"{capability.name} is the target of cutover {moving.first().pk}: its space "  # type: ignore[union-attr]
+                    f"({current.key}) is what that cutover reindexes into. Roll it back first.",
+                    409,
+                )
             if changed and holders.exists():
                 proposed = EmbeddingSpace(capability=capability, **identity)
                 raise ApiError(
@@ -189,8 +203,8 @@ def create_alias(
             f"(POST /api/v1/embedding-spaces/measure) or declare it first.",
             409,
         )
-    adapter = store.adapter()
     try:
+        adapter = store.adapter()
         info = adapter.info(index)
         if info.space != space.key:
             held = EmbeddingSpace.objects.filter(capability__embedding_space__isnull=False).all()
@@ -400,9 +414,9 @@ def _switch_books(cutover: Cutover, capability: Capability, index: str) -> None:
 
 def store_reading(cutover: Cutover) -> dict[str, Any]:
     """What the adapter reads from the store now: the alias's real target and the indexes' counts."""
-    adapter = cutover.alias.store.adapter()
     reading: dict[str, Any] = {"read_at": timezone.now().isoformat()}
     try:
+        adapter = cutover.alias.store.adapter()
         reading["alias_target"] = adapter.read_alias_target(cutover.alias.name)
         for role, index in (("source", cutover.source_index), ("target", cutover.target_index)):
             if adapter.exists(index):
@@ -461,8 +475,8 @@ def roll_back(cutover_id: Any, *, actor: str, reason: str) -> Cutover:
             raise _conflict(cutover, "roll back", "an unfinished cutover")
         if cutover.stage == Stage.CUTTING_OVER and not cutover.interrupted:
             raise _conflict(cutover, "roll back", "a cutover whose swap is not running (wait for it)")
-        adapter = cutover.alias.store.adapter()
         try:
+            adapter = cutover.alias.store.adapter()
             actual = adapter.read_alias_target(cutover.alias.name)
             if actual != cutover.source_index:
                 adapter.swap_alias(cutover.alias.name, cutover.source_index, expected=actual)
@@ -520,31 +534,62 @@ def _beat(cutover: Cutover, **fields: Any) -> None:
         raise LostRun()
 
 
+class Pulse:
+    """Beats the run's heartbeat from a thread while one long store statement runs (an HNSW build, a
+    slow batch); it dies with the process, so a killed worker still goes silent."""
+
+    def __init__(self, cutover_id: str, token: str) -> None:
+        self.cutover_id, self.token = cutover_id, token
+        self.stop = threading.Event()
+        self.every = max(1.0, settings.CUTOVER_STALL_AFTER / 4)
+        self.thread = threading.Thread(target=self._beat, name=f"cutover-pulse-{cutover_id}", daemon=True)
+
+    def __enter__(self) -> Pulse:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+    def _beat(self) -> None:
+        try:
+            while not self.stop.wait(self.every):
+                try:
+                    Cutover.objects.filter(
+                        pk=self.cutover_id, run_token=self.token, interrupted_at__isnull=True
+                    ).update(heartbeat_at=timezone.now())
+                except DatabaseError:
+                    close_old_connections()
+        finally:
+            connection.close()
+
+
 def run(cutover_id: str, token: str) -> str:
     """Run the cutover's stage and the ones after it up to ready_to_cut (or completed, for a cut)."""
     if not claim(cutover_id, token):
         logger.info("cutover %s run %s already claimed or replaced: nothing to do", cutover_id, token)
         return "not claimed"
     cutover = Cutover.objects.select_related("alias__store", "target_capability").get(pk=cutover_id)
-    adapter = cutover.alias.store.adapter()
     try:
-        while True:
-            if cutover.stage == Stage.PROVISIONING:
-                _provision(cutover, adapter)
-                _advance(cutover, Stage.REINDEXING, "provisioned")
-            elif cutover.stage == Stage.REINDEXING:
-                _reindex(cutover, adapter)
-                _advance(cutover, Stage.VERIFYING, "reindexed")
-            elif cutover.stage == Stage.VERIFYING:
-                if not _verify(cutover, adapter):
-                    return _fail(cutover, codes.VERIFICATION_FAILED, _verification_summary(cutover))
-                _advance(cutover, Stage.READY_TO_CUT, "verified")
-                return Stage.READY_TO_CUT
-            elif cutover.stage == Stage.CUTTING_OVER:
-                _cut_over(cutover, adapter)
-                return Stage.COMPLETED
-            else:
-                return str(cutover.stage)
+        with Pulse(cutover_id, token), cutover.alias.store.adapter() as adapter:
+            while True:
+                if cutover.stage == Stage.PROVISIONING:
+                    _provision(cutover, adapter)
+                    _advance(cutover, Stage.REINDEXING, "provisioned")
+                elif cutover.stage == Stage.REINDEXING:
+                    _reindex(cutover, adapter)
+                    _advance(cutover, Stage.VERIFYING, "reindexed")
+                elif cutover.stage == Stage.VERIFYING:
+                    if not _verify(cutover, adapter):
+                        return _fail(cutover, codes.VERIFICATION_FAILED, _verification_summary(cutover))
+                    _advance(cutover, Stage.READY_TO_CUT, "verified")
+                    return Stage.READY_TO_CUT
+                elif cutover.stage == Stage.CUTTING_OVER:
+                    _cut_over(cutover, adapter)
+                    return Stage.COMPLETED
+                else:
+                    return str(cutover.stage)
     except LostRun:
         logger.info("cutover %s: run %s was taken back; stopped", cutover_id, token)
         return "lost"
@@ -553,8 +598,7 @@ def run(cutover_id: str, token: str) -> str:
     except EmbeddingFailed as exc:
         return _fail(cutover, codes.EMBEDDING_FAILED, str(exc))
     finally:
-        if cutover.stage != Stage.REINDEXING:
-            _revoke(cutover)
+        _revoke(cutover)
 
 
 def _advance(cutover: Cutover, to: str, reason: str) -> None:
@@ -617,6 +661,12 @@ def _braces(text: str) -> str:
 NEW_CREDENTIAL_GRACE_S = 15.0
 
 
+def gateway_base() -> str:
+    """MODELFORGE_GATEWAY_URL, with or without a trailing ``/v1``."""
+    base = str(settings.GATEWAY_URL).rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
 class GatewayEmbedder:
     """Embeds through the gateway with a credential scoped to exactly the target capability, so
     placement, balancing and scopes apply to the reindex like to any client."""
@@ -625,7 +675,7 @@ class GatewayEmbedder:
         self.capability = capability
         self.born = time.monotonic()
         self.client = httpx.Client(
-            base_url=str(settings.GATEWAY_URL),
+            base_url=gateway_base(),
             headers={"Authorization": f"Bearer {secret}"},
             timeout=httpx.Timeout(60.0, connect=5.0),
         )
@@ -780,6 +830,29 @@ def _cut_over(cutover: Cutover, adapter: Any) -> None:
 # --- the watch -------------------------------------------------------------------------------------------
 
 
+def _interrupt(cutover: Cutover, now: Any, why: str) -> bool:
+    """Mark the run interrupted (once), record it, and raise CUTOVER_INTERRUPTED; the stage stays."""
+    marked = Cutover.objects.filter(
+        pk=cutover.pk, run_token=cutover.run_token, interrupted_at__isnull=True
+    ).update(interrupted_at=now)
+    if not marked:
+        return False
+    _event(cutover, cutover.stage, cutover.stage, "watch", f"interrupted: {why}")
+    Alert.objects.raise_alert(
+        codes.CUTOVER_INTERRUPTED,
+        Severity.CRITICAL,
+        SUBJECT,
+        str(cutover.pk),
+        str(cutover.alias),
+        _braces(
+            f"Cutover of {cutover.alias} stopped in {cutover.stage}: {why} It stays there: neither a restart "
+            "nor an upgrade moves it. Review what the store holds (admin: Embedding migrations → Cutovers → "
+            "review) and complete, roll back or retry the stage. See RUNBOOK_MIGRATION_FAILURE.md."
+        ),
+    )
+    return True
+
+
 def watch(now: Any = None) -> dict[str, int]:
     """Mark silent runs interrupted (and alert); send again a run no worker ever claimed."""
     now = now or timezone.now()
@@ -788,6 +861,18 @@ def watch(now: Any = None) -> dict[str, int]:
     for cutover in Cutover.objects.filter(
         stage__in=RUNNING_STAGES, interrupted_at__isnull=True
     ).select_related("alias__store"):
+        if cutover.claimed_at is None and cutover.stage_since < now - timedelta(
+            seconds=settings.WORK_STUCK_AFTER
+        ):
+            _interrupt(
+                cutover,
+                now,
+                f"no worker took its run for {settings.WORK_STUCK_AFTER} s (is a worker consuming the "
+                f"queue {settings.CUTOVER_QUEUE!r}?). Nothing touched the store: "
+                "retry it once a worker runs.",
+            )
+            counts["interrupted"] += 1
+            continue
         if cutover.claimed_at is None:
             if cutover.stage_since < now - stall and cutover.run_token is not None:
                 # Never claimed: no worker touched the store for this run, so sending it again is safe.
@@ -800,29 +885,12 @@ def watch(now: Any = None) -> dict[str, int]:
             continue
         if cutover.heartbeat_at is not None and cutover.heartbeat_at >= now - stall:
             continue
-        marked = Cutover.objects.filter(
-            pk=cutover.pk, run_token=cutover.run_token, interrupted_at__isnull=True
-        ).update(interrupted_at=now)
-        if not marked:
-            continue
-        counts["interrupted"] += 1
-        _event(
+        silent_since = f"{cutover.heartbeat_at:%Y-%m-%d %H:%M:%S}" if cutover.heartbeat_at else "its start"
+        if _interrupt(
             cutover,
-            cutover.stage,
-            cutover.stage,
-            "watch",
-            f"interrupted: no progress from the worker for {settings.CUTOVER_STALL_AFTER} s",
-        )
-        Alert.objects.raise_alert(
-            codes.CUTOVER_INTERRUPTED,
-            Severity.CRITICAL,
-            SUBJECT,
-            str(cutover.pk),
-            str(cutover.alias),
-            f"Cutover of {cutover.alias} stopped in {cutover.stage} (its worker went silent at "
-            f"{cutover.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC). "
-            "It stays there: neither a restart nor an upgrade "
-            "moves it. Review what the store holds (admin: Embedding migrations → Cutovers → review) and "
-            "complete, roll back or retry the stage. See RUNBOOK_MIGRATION_FAILURE.md.",
-        )
+            now,
+            f"its worker went silent at {silent_since} UTC: "
+            f"no progress for {settings.CUTOVER_STALL_AFTER} s.",
+        ):
+            counts["interrupted"] += 1
     return counts

@@ -123,7 +123,8 @@ class Stage(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
-# Stages a task works in; the first three and the last touch the store (verifying only reads it).
+# Stages a task works in. Each touches the store: provisioning creates the target, reindexing writes it,
+# verifying builds its search index (at the first alias onto it) and queries it, cutting over swaps.
 RUNNING_STAGES = (Stage.PROVISIONING, Stage.REINDEXING, Stage.VERIFYING, Stage.CUTTING_OVER)
 FINAL_STAGES = (Stage.COMPLETED, Stage.ROLLED_BACK)
 UNFINISHED = [s for s in Stage.values if s not in FINAL_STAGES]

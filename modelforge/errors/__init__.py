@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.db.models import ProtectedError
 from django.http import HttpResponse, JsonResponse
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.views import exception_handler as drf_default_handler
@@ -96,6 +97,14 @@ def drf_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpRespon
     """DRF's ``EXCEPTION_HANDLER``: render every API error as the envelope."""
     if isinstance(exc, ApiError):
         return envelope_response(exc.code, exc.message, exc.status, exc.headers)
+    if isinstance(exc, ProtectedError):
+        # A delete of a row others still hold (a capability behind an alias or a cutover, ...): named.
+        holders = sorted({f"{o._meta.verbose_name} {o}" for o in list(exc.protected_objects)[:5]})
+        return envelope_response(
+            codes.CONFLICT,
+            f"It is still in use by {', '.join(holders)}: remove or finish those first.",
+            409,
+        )
     response = drf_default_handler(exc, context)
     if response is None:
         # Not an API error DRF knows: let Django's handling (our middleware) decide, 500 included.

@@ -3,9 +3,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, ClassVar
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.core.validators import RegexValidator
 from django.utils import timezone
-from drf_spectacular.utils import inline_serializer
+from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 from rest_framework.validators import UniqueValidator
 
@@ -31,9 +32,27 @@ class CapabilitySerializer(PrintableText, serializers.ModelSerializer):
         trim_whitespace=False,
     )
 
+    follows: serializers.SlugRelatedField[Capability] = serializers.SlugRelatedField(
+        slug_field="name",
+        read_only=True,
+        help_text="Set for a consumer alias's query name: served by this capability's backends.",
+    )
+    embedding_space = serializers.SerializerMethodField(
+        help_text="The recorded embedding space (model, revision, dimension, normalisation, pooling, key)."
+    )
+
     class Meta:
         model = Capability
-        fields = ["id", "name", "description"]
+        fields = ["id", "name", "description", "follows", "embedding_space"]
+
+    @extend_schema_field({"type": "object", "nullable": True, "additionalProperties": True})
+    def get_embedding_space(self, capability: Capability) -> dict[str, Any] | None:
+        target = capability.follows or capability
+        try:
+            space = target.embedding_space
+        except ObjectDoesNotExist:
+            return None
+        return {**space.identity(), "key": space.key}
 
 
 class ClusterMemberSerializer(PrintableText, serializers.ModelSerializer):

@@ -16,7 +16,7 @@ from modelforge.lookups import by_pk
 
 
 class CapabilityViewSet(viewsets.ModelViewSet):
-    queryset = Capability.objects.all()
+    queryset = Capability.objects.select_related("embedding_space", "follows__embedding_space")
     serializer_class = s.CapabilitySerializer
 
 

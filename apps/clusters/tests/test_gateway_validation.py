@@ -71,8 +71,9 @@ class CountingBackend:
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-                with backend._lock:
-                    backend.requests.append((self.path, body))
+                if self.headers.get("X-ModelForge-Probe") is None:  # the space probe of a new binding
+                    with backend._lock:
+                        backend.requests.append((self.path, body))
                 if backend.status != 200:
                     self._json(backend.status, {"error": {"message": f"answered {backend.status}"}})
                 elif self.path == EMBEDDINGS:

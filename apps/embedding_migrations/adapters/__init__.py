@@ -14,5 +14,7 @@ def adapter_for(kind: str, dsn: str) -> VectorStoreAdapter:
         adapter_class = ADAPTERS[kind]
     except KeyError:
         known = ", ".join(sorted(ADAPTERS))
-        raise AdapterError(UNKNOWN_ADAPTER, f"no adapter for stores of kind {kind!r} (known: {known}).") from None
+        raise AdapterError(
+            UNKNOWN_ADAPTER, f"no adapter for stores of kind {kind!r} (known: {known})."
+        ) from None
     return adapter_class(dsn)

@@ -37,7 +37,7 @@ ALIAS_MOVED = "ALIAS_MOVED"  # swap_alias's expected target is not the alias's t
 INDEX_IN_USE = "INDEX_IN_USE"  # drop of the index an alias points at
 DIMENSION_MISMATCH = "DIMENSION_MISMATCH"  # a vector of another dimension than the index's
 INVALID_NAME = "INVALID_NAME"
-INVALID_VALUE = "INVALID_VALUE"  # a value the store cannot hold or index (NaN, NUL in text, too many dimensions)
+INVALID_VALUE = "INVALID_VALUE"  # a value the store cannot hold (NaN, NUL in text, too many dimensions)
 UNKNOWN_ADAPTER = "UNKNOWN_ADAPTER"  # no adapter for the kind of store asked for
 
 
@@ -73,7 +73,8 @@ class Hit:
 def check_name(kind: str, name: str) -> str:
     if not NAME.match(name):
         raise AdapterError(
-            INVALID_NAME, f"{kind} name {name!r}: use lower-case letters, digits and _, starting with a letter."
+            INVALID_NAME,
+            f"{kind} name {name!r}: use lower-case letters, digits and _, starting with a letter.",
         )
     return name
 
@@ -87,7 +88,7 @@ class VectorStoreAdapter(ABC):
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: an adapter may hold nothing open
         """Release what the adapter holds open (connections); it stays usable and reopens on demand."""
 
     def __enter__(self) -> Self:
@@ -150,7 +151,8 @@ class VectorStoreAdapter(ABC):
 
     @abstractmethod
     def drop(self, index: str) -> None:
-        """Drop ``index``; ``INDEX_IN_USE`` while an alias points at it. Dropping a missing index is a no-op."""
+        """Drop ``index``; ``INDEX_IN_USE`` while an alias points at it.
+        Dropping a missing index is a no-op."""
 
     @abstractmethod
     def search(self, alias: str, vector: Sequence[float], *, space: str, k: int) -> list[Hit]:

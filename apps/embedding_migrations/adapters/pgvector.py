@@ -6,8 +6,8 @@ Everything lives in the connection's current schema:
 - ``<index>(id text COLLATE "C" PRIMARY KEY, content text, embedding vector(<dimension>))``; ids sort as
   Python sorts them, so keyset paging follows ``sorted()``. Its HNSW index (cosine distance) is built when
   an alias first points at it, in the swap's transaction before the view changes: one bulk build after the
-  re-index costs a fraction of growing the graph row by row (100,000 rows of 16 dimensions: 45 s, against
-  190 s of inserts), and the rows are written at the speed of a plain table;
+  re-index costs a fraction of growing the graph row by row (100,000 rows of 16 dimensions on two cores:
+  written in 3.5 s and built in about 60 s, against 190 s of writes into an indexed table);
 - ``<alias>``: the view ``SELECT id, content, embedding, '<space>'::text AS space FROM <index>``. Its target
   is read from the view's own dependencies; ``modelforge_aliases(alias, index, swapped_at)`` records swaps.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import psycopg
@@ -31,6 +31,7 @@ from psycopg import errors, sql
 from psycopg.pq import TransactionStatus
 
 from .base import (
+    ALIAS_MOVED,
     DIMENSION_MISMATCH,
     INDEX_EXISTS,
     INDEX_IN_USE,
@@ -38,7 +39,6 @@ from .base import (
     INVALID_NAME,
     INVALID_VALUE,
     STORE_UNAVAILABLE,
-    ALIAS_MOVED,
     AdapterError,
     Document,
     Hit,
@@ -89,7 +89,6 @@ _DEPENDENT_VIEWS = sql.SQL(
     ORDER BY 1
     """
 )
-
 _HAS_HNSW = sql.SQL(
     """
     SELECT 1 FROM pg_index AS i
@@ -100,14 +99,21 @@ _HAS_HNSW = sql.SQL(
 )
 
 
+def check_values(values: list[float]) -> list[float]:
+    """``values``, unless one is NaN, an infinity or past 32-bit float range (``INVALID_VALUE``)."""
+    magnitudes = list(map(abs, values))
+    if magnitudes and (not math.isfinite(sum(magnitudes)) or max(magnitudes) > FLOAT32_MAX):
+        raise AdapterError(
+            INVALID_VALUE, "a vector holds NaN, an infinity or a value past 32-bit float range."
+        )
+    return values
+
+
 def vector_literal(values: Sequence[float]) -> str:
     """``values`` as pgvector's text form ``[x,y,...]``; ``INVALID_VALUE`` for what pgvector cannot hold."""
-    floats = [float(value) for value in values]
+    floats = check_values([float(value) for value in values])
     if not 1 <= len(floats) <= MAX_VECTOR_DIMENSION:
         raise AdapterError(INVALID_VALUE, f"a vector has {len(floats)} dimensions (1 to 16000 are possible).")
-    magnitudes = list(map(abs, floats))
-    if not math.isfinite(sum(magnitudes)) or max(magnitudes) > FLOAT32_MAX:
-        raise AdapterError(INVALID_VALUE, "a vector holds NaN, an infinity or a value past 32-bit float range.")
     return "[" + ",".join(map(repr, floats)) + "]"
 
 
@@ -149,10 +155,8 @@ class PgvectorAdapter(VectorStoreAdapter):
             conn.close()
 
     def __del__(self) -> None:
-        try:
+        with suppress(Exception):
             self.close()
-        except Exception:  # noqa: S110 - interpreter shutdown: nothing left to release into
-            pass
 
     # Connections
 
@@ -181,7 +185,9 @@ class PgvectorAdapter(VectorStoreAdapter):
             conn.close()
 
     def _checkin(self, conn: Connection) -> None:
-        reusable = not conn.closed and not conn.broken and conn.info.transaction_status == TransactionStatus.IDLE
+        reusable = (
+            not conn.closed and not conn.broken and conn.info.transaction_status == TransactionStatus.IDLE
+        )
         if reusable:
             with self._guard:
                 if len(self._idle) < IDLE_CONNECTIONS:
@@ -220,7 +226,7 @@ class PgvectorAdapter(VectorStoreAdapter):
         return name
 
     def _setup(self, conn: Connection) -> None:
-        self._lock(conn, "setup")
+        self._lock(conn, "#setup")
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         conn.execute(
             sql.SQL(
@@ -237,7 +243,8 @@ class PgvectorAdapter(VectorStoreAdapter):
 
     def _lock(self, conn: Connection, name: str) -> None:
         conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"modelforge-vectors:{self._schema}:{name}"]
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            [f"modelforge-vectors:{self._schema}:{name}"],
         )
 
     def _relkind(self, conn: Connection, name: str) -> str | None:
@@ -266,7 +273,9 @@ class PgvectorAdapter(VectorStoreAdapter):
         row = conn.execute(_HAS_HNSW, [self._schema, index]).fetchone()
         if row is None:
             conn.execute(
-                sql.SQL("CREATE INDEX ON {} USING hnsw (embedding vector_cosine_ops)").format(self._table(index))
+                sql.SQL("CREATE INDEX ON {} USING hnsw (embedding vector_cosine_ops)").format(
+                    self._table(index)
+                )
             )
 
     def _count(self, conn: Connection, index: str) -> int:
@@ -329,7 +338,7 @@ class PgvectorAdapter(VectorStoreAdapter):
             )
 
     def write_vectors(self, index: str, rows: Sequence[Row]) -> int:
-        """Upsert ``rows``; a later row wins over an earlier one of the same id. Returns the distinct ids."""
+        """Upsert ``rows`` (the last row of an id wins); returns how many distinct ids were written."""
         self._checked("index", index)
         with self._session(f"index {index!r}") as conn, conn.transaction():
             _, dimension = self._index(conn, index)
@@ -345,16 +354,17 @@ class PgvectorAdapter(VectorStoreAdapter):
                 return 0
             ids = list(latest)
             contents = [row.content for row in latest.values()]
-            vectors = [vector_literal(row.embedding) for row in latest.values()]
+            flat = check_values([float(x) for row in latest.values() for x in row.embedding])
             conn.execute(
                 sql.SQL(
                     "INSERT INTO {} AS t (id, content, embedding)"
-                    " SELECT u.id, u.content, u.embedding::vector"
-                    " FROM unnest(%s::text[], %s::text[], %s::text[]) AS u(id, content, embedding)"
-                    " ON CONFLICT (id) DO UPDATE SET content = EXCLUDED.content, embedding = EXCLUDED.embedding"
+                    " SELECT u.id, u.content, (%b::float8[])[(u.n - 1) * %s + 1 : u.n * %s]::vector"
+                    " FROM unnest(%b::text[], %b::text[]) WITH ORDINALITY AS u(id, content, n)"
+                    " ON CONFLICT (id) DO UPDATE"
+                    " SET content = EXCLUDED.content, embedding = EXCLUDED.embedding"
                     " WHERE (t.content, t.embedding) IS DISTINCT FROM (EXCLUDED.content, EXCLUDED.embedding)"
                 ).format(self._table(index)),
-                [ids, contents, vectors],
+                [flat, dimension, dimension, ids, contents],
             )
         return len(ids)
 
@@ -439,7 +449,9 @@ class PgvectorAdapter(VectorStoreAdapter):
             self._lock(conn, alias)
             kind, current = self._alias_target(conn, alias)
             if kind is not None and kind != "v":
-                raise AdapterError(INVALID_NAME, f"alias {alias!r}: a table of that name exists, not an alias.")
+                raise AdapterError(
+                    INVALID_NAME, f"alias {alias!r}: a table of that name exists, not an alias."
+                )
             if current != expected:
                 raise AdapterError(ALIAS_MOVED, f"alias {alias!r} points at {current!r}, not {expected!r}.")
             space, _ = self._index(conn, index)
@@ -449,14 +461,15 @@ class PgvectorAdapter(VectorStoreAdapter):
                 view = self._table(alias)
                 conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(view))
                 conn.execute(
-                    sql.SQL("CREATE VIEW {} AS SELECT id, content, embedding, {}::text AS space FROM {}").format(
-                        view, sql.Literal(space), self._table(index)
-                    )
+                    sql.SQL(
+                        "CREATE VIEW {} AS SELECT id, content, embedding, {}::text AS space FROM {}"
+                    ).format(view, sql.Literal(space), self._table(index))
                 )
             conn.execute(
                 sql.SQL(
                     "INSERT INTO {} (alias, index, swapped_at) VALUES (%s, %s, now())"
-                    " ON CONFLICT (alias) DO UPDATE SET index = EXCLUDED.index, swapped_at = EXCLUDED.swapped_at"
+                    " ON CONFLICT (alias) DO UPDATE"
+                    " SET index = EXCLUDED.index, swapped_at = EXCLUDED.swapped_at"
                 ).format(self._table(ALIASES_TABLE)),
                 [alias, index],
             )
@@ -496,12 +509,12 @@ class PgvectorAdapter(VectorStoreAdapter):
         self._checked("alias", alias)
         if k < 1:
             return []
-        query = sql.SQL(
-            "SELECT id, content, embedding <=> %s::vector AS distance, space FROM {}"
-            " WHERE space = %s ORDER BY distance LIMIT %s"
-        ).format(self._table(alias))
         params = [vector_literal(vector), space, k]
         with self._session(f"alias {alias!r}") as conn:
+            query = sql.SQL(
+                "SELECT id, content, embedding <=> %s::vector AS distance, space FROM {}"
+                " WHERE space = %s ORDER BY distance LIMIT %s"
+            ).format(self._table(alias))
             if k > HNSW_EF_SEARCH:
                 with conn.transaction():
                     conn.execute(

@@ -85,15 +85,6 @@ class VectorStoreViewSet(
             ) from None
         serializer.save()
 
-    def perform_destroy(self, instance: VectorStore) -> None:
-        if instance.aliases.exists():
-            raise ApiError(
-                codes.CUTOVER_STAGE_CONFLICT,
-                f"Store {instance.name} has consumer aliases; remove them first (the store keeps its data).",
-                409,
-            )
-        instance.delete()
-
     @extend_schema(responses={200: OpenApiResponse(description="The indexes this adapter created.")})
     @action(detail=True, methods=["get"])
     def indexes(self, request: Request, pk: Any = None) -> Response:

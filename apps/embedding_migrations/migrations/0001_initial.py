@@ -8,119 +8,258 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('clusters', '0003_capability_follows'),
+        ("clusters", "0003_capability_follows"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='VectorStore',
+            name="VectorStore",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=63, unique=True)),
-                ('kind', models.CharField(help_text='The adapter: pgvector.', max_length=32)),
-                ('dsn', models.CharField(help_text='Connection string; never shown back.', max_length=500)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=63, unique=True)),
+                ("kind", models.CharField(help_text="The adapter: pgvector.", max_length=32)),
+                ("dsn", models.CharField(help_text="Connection string; never shown back.", max_length=500)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='ConsumerAlias',
+            name="ConsumerAlias",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=63)),
-                ('index', models.CharField(help_text='The index the alias points at, as last recorded.', max_length=63)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('capability', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='clusters.capability')),
-                ('query_capability', models.OneToOneField(on_delete=django.db.models.deletion.PROTECT, related_name='alias_following', to='clusters.capability')),
-                ('store', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='aliases', to='embedding_migrations.vectorstore')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=63)),
+                (
+                    "index",
+                    models.CharField(
+                        help_text="The index the alias points at, as last recorded.", max_length=63
+                    ),
+                ),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "capability",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="clusters.capability",
+                    ),
+                ),
+                (
+                    "query_capability",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="alias_following",
+                        to="clusters.capability",
+                    ),
+                ),
+                (
+                    "store",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="aliases",
+                        to="embedding_migrations.vectorstore",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'consumer aliases',
-                'ordering': ['store', 'name'],
+                "verbose_name_plural": "consumer aliases",
+                "ordering": ["store", "name"],
             },
         ),
         migrations.CreateModel(
-            name='Cutover',
+            name="Cutover",
             fields=[
-                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
-                ('source_index', models.CharField(max_length=63)),
-                ('target_index', models.CharField(max_length=63)),
-                ('source_space', models.JSONField(help_text='The source space as recorded when planned.')),
-                ('target_space', models.JSONField(help_text='The target space as recorded when planned.')),
-                ('same_space', models.BooleanField(help_text='A same-space move needs no reindex.')),
-                ('stage', models.CharField(choices=[('planned', 'Planned'), ('provisioning', 'Provisioning'), ('reindexing', 'Reindexing'), ('verifying', 'Verifying'), ('ready_to_cut', 'Ready to cut'), ('cutting_over', 'Cutting over'), ('completed', 'Completed'), ('rolled_back', 'Rolled back'), ('failed', 'Failed')], default='planned', max_length=16)),
-                ('stage_since', models.DateTimeField(default=django.utils.timezone.now)),
-                ('run_token', models.UUIDField(blank=True, null=True)),
-                ('claimed_at', models.DateTimeField(blank=True, null=True)),
-                ('heartbeat_at', models.DateTimeField(blank=True, null=True)),
-                ('interrupted_at', models.DateTimeField(blank=True, null=True)),
-                ('failure_code', models.CharField(blank=True, max_length=64)),
-                ('failure_message', models.TextField(blank=True)),
-                ('failed_in', models.CharField(blank=True, help_text='The stage that failed.', max_length=16)),
-                ('batch_size', models.PositiveIntegerField(default=128)),
-                ('docs_total', models.PositiveIntegerField(default=0)),
-                ('docs_done', models.PositiveIntegerField(default=0)),
-                ('cursor', models.CharField(blank=True, help_text='Last document id reindexed.', max_length=255)),
-                ('reindex_started_at', models.DateTimeField(blank=True, null=True)),
-                ('reindex_seconds', models.FloatField(default=0.0, help_text='Time spent reindexing, over every run.')),
-                ('verification', models.JSONField(blank=True, default=dict)),
-                ('created_by', models.CharField(max_length=150)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('completed_at', models.DateTimeField(blank=True, null=True)),
-                ('alias', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='cutovers', to='embedding_migrations.consumeralias')),
-                ('credential', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='clusters.clientcredential')),
-                ('source_capability', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='clusters.capability')),
-                ('target_capability', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='clusters.capability')),
+                (
+                    "id",
+                    models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False),
+                ),
+                ("source_index", models.CharField(max_length=63)),
+                ("target_index", models.CharField(max_length=63)),
+                ("source_space", models.JSONField(help_text="The source space as recorded when planned.")),
+                ("target_space", models.JSONField(help_text="The target space as recorded when planned.")),
+                ("same_space", models.BooleanField(help_text="A same-space move needs no reindex.")),
+                (
+                    "stage",
+                    models.CharField(
+                        choices=[
+                            ("planned", "Planned"),
+                            ("provisioning", "Provisioning"),
+                            ("reindexing", "Reindexing"),
+                            ("verifying", "Verifying"),
+                            ("ready_to_cut", "Ready to cut"),
+                            ("cutting_over", "Cutting over"),
+                            ("completed", "Completed"),
+                            ("rolled_back", "Rolled back"),
+                            ("failed", "Failed"),
+                        ],
+                        default="planned",
+                        max_length=16,
+                    ),
+                ),
+                ("stage_since", models.DateTimeField(default=django.utils.timezone.now)),
+                ("run_token", models.UUIDField(blank=True, null=True)),
+                ("claimed_at", models.DateTimeField(blank=True, null=True)),
+                ("heartbeat_at", models.DateTimeField(blank=True, null=True)),
+                ("interrupted_at", models.DateTimeField(blank=True, null=True)),
+                ("failure_code", models.CharField(blank=True, max_length=64)),
+                ("failure_message", models.TextField(blank=True)),
+                (
+                    "failed_in",
+                    models.CharField(blank=True, help_text="The stage that failed.", max_length=16),
+                ),
+                ("batch_size", models.PositiveIntegerField(default=128)),
+                ("docs_total", models.PositiveIntegerField(default=0)),
+                ("docs_done", models.PositiveIntegerField(default=0)),
+                (
+                    "cursor",
+                    models.CharField(blank=True, help_text="Last document id reindexed.", max_length=255),
+                ),
+                ("reindex_started_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "reindex_seconds",
+                    models.FloatField(default=0.0, help_text="Time spent reindexing, over every run."),
+                ),
+                ("verification", models.JSONField(blank=True, default=dict)),
+                ("created_by", models.CharField(max_length=150)),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("completed_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "alias",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="cutovers",
+                        to="embedding_migrations.consumeralias",
+                    ),
+                ),
+                (
+                    "credential",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="clusters.clientcredential",
+                    ),
+                ),
+                (
+                    "source_capability",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="clusters.capability",
+                    ),
+                ),
+                (
+                    "target_capability",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="clusters.capability",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='CutoverEvent',
+            name="CutoverEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('from_stage', models.CharField(blank=True, max_length=16)),
-                ('to_stage', models.CharField(max_length=16)),
-                ('actor', models.CharField(max_length=150)),
-                ('reason', models.TextField()),
-                ('detail', models.JSONField(blank=True, default=dict)),
-                ('cutover', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='embedding_migrations.cutover')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("from_stage", models.CharField(blank=True, max_length=16)),
+                ("to_stage", models.CharField(max_length=16)),
+                ("actor", models.CharField(max_length=150)),
+                ("reason", models.TextField()),
+                ("detail", models.JSONField(blank=True, default=dict)),
+                (
+                    "cutover",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="events",
+                        to="embedding_migrations.cutover",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['at', 'id'],
+                "ordering": ["at", "id"],
             },
         ),
         migrations.CreateModel(
-            name='EmbeddingSpace',
+            name="EmbeddingSpace",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('model', models.CharField(max_length=255)),
-                ('revision', models.CharField(blank=True, max_length=100)),
-                ('dimension', models.PositiveIntegerField()),
-                ('normalized', models.BooleanField(help_text='Vectors have unit length (L2).')),
-                ('pooling', models.CharField(choices=[('mean', 'Mean'), ('cls', 'CLS token'), ('last', 'Last token'), ('unknown', 'Not declared')], default='unknown', max_length=16)),
-                ('recorded_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('recorded_by', models.CharField(help_text='Who or what recorded it (an operator, a probe).', max_length=150)),
-                ('capability', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='embedding_space', to='clusters.capability')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("model", models.CharField(max_length=255)),
+                ("revision", models.CharField(blank=True, max_length=100)),
+                ("dimension", models.PositiveIntegerField()),
+                ("normalized", models.BooleanField(help_text="Vectors have unit length (L2).")),
+                (
+                    "pooling",
+                    models.CharField(
+                        choices=[
+                            ("mean", "Mean"),
+                            ("cls", "CLS token"),
+                            ("last", "Last token"),
+                            ("unknown", "Not declared"),
+                        ],
+                        default="unknown",
+                        max_length=16,
+                    ),
+                ),
+                ("recorded_at", models.DateTimeField(default=django.utils.timezone.now)),
+                (
+                    "recorded_by",
+                    models.CharField(
+                        help_text="Who or what recorded it (an operator, a probe).", max_length=150
+                    ),
+                ),
+                (
+                    "capability",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="embedding_space",
+                        to="clusters.capability",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['capability__name'],
+                "ordering": ["capability__name"],
             },
         ),
         migrations.AddConstraint(
-            model_name='cutover',
-            constraint=models.UniqueConstraint(condition=models.Q(('stage__in', ['completed', 'rolled_back']), _negated=True), fields=('alias',), name='embmig_one_open_cutover_per_alias'),
+            model_name="cutover",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("stage__in", ["completed", "rolled_back"]), _negated=True),
+                fields=("alias",),
+                name="embmig_one_open_cutover_per_alias",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='consumeralias',
-            constraint=models.UniqueConstraint(fields=('store', 'name'), name='embmig_alias_unique_name'),
+            model_name="consumeralias",
+            constraint=models.UniqueConstraint(fields=("store", "name"), name="embmig_alias_unique_name"),
         ),
     ]

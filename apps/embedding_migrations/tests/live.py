@@ -69,7 +69,9 @@ def stop_agent(agent: RunningProcess) -> None:
         agent.process.wait(20)
 
 
-def serve(operator_client: Any, capability: str, server: str, model: str) -> Capability:
+def serve(
+    operator_client: Any, capability: str, server: str, model: str, *, measure: bool = True
+) -> Capability:
     created = operator_client.post(
         "/api/v1/servers", {"name": server, "profile": "test-echo", "model": model}, format="json"
     )

@@ -68,7 +68,8 @@ def sever_vector_connections(dsn: str) -> int:
     database = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
     with _maintenance() as conn:
         rows = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = %s AND pid <> pg_backend_pid()",
             [database],
         ).fetchall()
     return len(rows)

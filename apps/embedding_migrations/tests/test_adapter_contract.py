@@ -109,7 +109,9 @@ class _Refused:
 
 
 def close_to(a: list[float], b: list[float]) -> bool:
-    return len(a) == len(b) and all(math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-6) for x, y in zip(a, b, strict=True))
+    return len(a) == len(b) and all(
+        math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-6) for x, y in zip(a, b, strict=True)
+    )
 
 
 # Registry
@@ -254,7 +256,10 @@ def test_read_documents_pages_by_id_in_python_order(adapter: VectorStoreAdapter)
         pages += 1
     assert seen == sorted(ids)
     assert pages == 4
-    assert adapter.read_documents("idx_a", after="b9", limit=10) == [Document("é", "text of é")]
+    assert adapter.read_documents("idx_a", after="b9", limit=10) == [
+        Document("e", "text of e"),
+        Document("é", "text of é"),
+    ]
     assert adapter.read_documents("idx_a", after=None, limit=0) == []
 
 
@@ -273,7 +278,10 @@ def test_the_last_of_repeated_ids_in_one_batch_wins(adapter: VectorStoreAdapter)
     adapter.create_target("idx_a", dimension=2, space="sa")
     batch = [Row("x", "first", [1.0, 0.0]), Row("y", "only", [0.0, 1.0]), Row("x", "last", [2.0, 0.0])]
     assert adapter.write_vectors("idx_a", batch) == 2
-    assert adapter.read_documents("idx_a", after=None, limit=10) == [Document("x", "last"), Document("y", "only")]
+    assert adapter.read_documents("idx_a", after=None, limit=10) == [
+        Document("x", "last"),
+        Document("y", "only"),
+    ]
     assert close_to(adapter.read_vectors("idx_a", ["x"])["x"], [2.0, 0.0])
 
 
@@ -290,7 +298,9 @@ def test_a_batch_with_one_wrong_dimension_writes_nothing(adapter: VectorStoreAda
     with _Refused(DIMENSION_MISMATCH) as refusal:
         adapter.write_vectors("idx_a", batch)
     assert refusal.error is not None
-    assert "16" in refusal.error.message and "8" in refusal.error.message and "new_bad" in refusal.error.message
+    assert (
+        "16" in refusal.error.message and "8" in refusal.error.message and "new_bad" in refusal.error.message
+    )
     assert adapter.count("idx_a") == 2
     assert adapter.read_documents("idx_a", after=None, limit=10) == [
         Document("doc000", "content 0"),
@@ -298,10 +308,23 @@ def test_a_batch_with_one_wrong_dimension_writes_nothing(adapter: VectorStoreAda
     ]
 
 
-@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, 1e39])
-def test_a_batch_with_a_value_the_store_cannot_hold_writes_nothing(adapter: VectorStoreAdapter, bad: float) -> None:
+@pytest.mark.parametrize(
+    "bad",
+    [
+        Row("bad", "bad", [0.1, math.nan, 0.3, 0.4]),
+        Row("bad", "bad", [0.1, math.inf, 0.3, 0.4]),
+        Row("bad", "bad", [0.1, -math.inf, 0.3, 0.4]),
+        Row("bad", "bad", [0.1, 1e39, 0.3, 0.4]),
+        Row("bad", "nul \x00 inside", [0.1, 0.2, 0.3, 0.4]),
+        Row("bad\x00", "bad", [0.1, 0.2, 0.3, 0.4]),
+    ],
+    ids=["nan", "inf", "-inf", "past-float32", "nul-in-content", "nul-in-id"],
+)
+def test_a_batch_with_a_value_the_store_cannot_hold_writes_nothing(
+    adapter: VectorStoreAdapter, bad: Row
+) -> None:
     adapter.create_target("idx_a", dimension=4, space="sa")
-    batch = [*rows(3, 4), Row("bad", "bad", [0.1, bad, 0.3, 0.4])]
+    batch = [*rows(3, 4), bad]
     with _Refused(INVALID_VALUE):
         adapter.write_vectors("idx_a", batch)
     assert adapter.count("idx_a") == 0
@@ -580,7 +603,9 @@ def test_pgvector_alias_target_is_read_from_the_view(
     assert pg.execute("SELECT alias, index FROM modelforge_aliases").fetchall() == [("live", "idx_a")]
     pg.execute("DELETE FROM modelforge_aliases")
     assert adapter.read_alias_target("live") == "idx_a"
-    pg.execute("DROP VIEW live; CREATE VIEW live AS SELECT id, content, embedding, 'sb'::text AS space FROM idx_b")
+    pg.execute(
+        "DROP VIEW live; CREATE VIEW live AS SELECT id, content, embedding, 'sb'::text AS space FROM idx_b"
+    )
     assert adapter.read_alias_target("live") == "idx_b"
     with _Refused(ALIAS_MOVED):
         adapter.swap_alias("live", "idx_a", expected="idx_a")
@@ -595,7 +620,8 @@ def test_pgvector_search_index_is_built_when_an_alias_first_points_at_the_index(
         return [
             str(r[0])
             for r in pg.execute(
-                "SELECT indexdef FROM pg_indexes WHERE tablename = %s AND indexdef LIKE '%%USING hnsw%%'", [table]
+                "SELECT indexdef FROM pg_indexes WHERE tablename = %s AND indexdef LIKE '%%USING hnsw%%'",
+                [table],
             )
         ]
 
