@@ -85,7 +85,7 @@ VOCABULARY = (
     "rollout upgrade failure retry timeout limit budget quota throughput measure report figure table "
     "customer invoice contract support ticket release note change issue summary section paragraph"
 )
-TABLE_COLUMNS = ("bench", "worker", "web", "engine", "agent", "postgres")
+TABLE_COLUMNS = ("bench", "worker", "web", "engine", "agent", "postgres", "other")
 # The code measured: its digests are printed, and a change during the run (processes started before and
 # after it would run different code) is reported.
 MEASURED_CODE = (
@@ -169,6 +169,12 @@ def self_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def machine_cpu() -> float:
+    """Busy CPU seconds of the whole machine (every core): user, nice, system, irq, softirq, steal."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    return sum(int(fields[i]) for i in (0, 1, 2, 5, 6, 7)) / TICKS
+
+
 @dataclass
 class Meter:
     """CPU seconds of named sources, between ``start()`` and ``stop()``."""
@@ -181,7 +187,11 @@ class Meter:
         self._begin = {name: read() for name, read in self.sources.items()}
 
     def stop(self) -> dict[str, float]:
+        """Seconds per source; ``other``: the machine's busy seconds that none of the sources spent."""
         self.spent = {name: read() - self._begin[name] for name, read in self.sources.items()}
+        if "machine" in self.spent:
+            machine = self.spent.pop("machine")
+            self.spent["other"] = max(0.0, machine - sum(self.spent.values()))
         return self.spent
 
 
@@ -385,14 +395,25 @@ def _at(event: dict[str, Any]) -> float:
 
 @contextlib.contextmanager
 def profiled(folder: Path | None, pids: dict[str, int]) -> Iterator[None]:
-    """With ``folder``: py-spy samples each of ``pids`` (and its children) into ``<name>.txt``."""
+    """With ``folder``: py-spy samples each of ``pids`` (and its children, idle time too: wall clock) into ``<name>.txt``."""
     if folder is None:
         yield
         return
     folder.mkdir(parents=True, exist_ok=True)
     spies = [
         subprocess.Popen(
-            [PYSPY, "record", "--pid", str(pid), "--subprocesses", "--format", "raw", "--rate", "200"]
+            [
+                PYSPY,
+                "record",
+                "--pid",
+                str(pid),
+                "--subprocesses",
+                "--format",
+                "raw",
+                "--rate",
+                "200",
+                "--idle",
+            ]
             + ["--output", str(folder / f"{name}.txt"), "--nonblocking"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -615,6 +636,7 @@ def main() -> int:
                 "engine": lambda: group_cpu(engine_pid),
                 "agent": lambda: group_cpu(stack.children["agent"].process.pid),
                 "postgres": lambda: server_cpu(postmaster),
+                "machine": machine_cpu,
             }
 
             say(f"direct run: {args.documents:,} documents in batches of {args.batch}")
