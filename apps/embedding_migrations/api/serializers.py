@@ -70,6 +70,13 @@ class VectorStoreSerializer(PrintableText, serializers.ModelSerializer):
         read_only_fields = ["id", "created_at"]
 
 
+class CreateIndexSerializer(serializers.Serializer):
+    name = serializers.RegexField(NAME.pattern, max_length=63)
+    capability = serializers.SlugRelatedField(
+        slug_field="name", queryset=Capability.objects.filter(follows__isnull=True)
+    )
+
+
 class ConsumerAliasSerializer(PrintableText, serializers.ModelSerializer):
     store = serializers.PrimaryKeyRelatedField(queryset=VectorStore.objects.all())
     name = serializers.RegexField(NAME.pattern, max_length=63)

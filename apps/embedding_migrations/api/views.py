@@ -16,6 +16,7 @@ from apps.embedding_migrations.adapters import AdapterError
 from apps.embedding_migrations.api.serializers import (
     ActionSerializer,
     ConsumerAliasSerializer,
+    CreateIndexSerializer,
     CutoverSerializer,
     DeclareSpaceSerializer,
     EmbeddingSpaceSerializer,
@@ -85,16 +86,44 @@ class VectorStoreViewSet(
             ) from None
         serializer.save()
 
-    @extend_schema(responses={200: OpenApiResponse(description="The indexes this adapter created.")})
-    @action(detail=True, methods=["get"])
+    @extend_schema(
+        methods=["GET"], responses={200: OpenApiResponse(description="The indexes this adapter created.")}
+    )
+    @extend_schema(
+        methods=["POST"],
+        request=CreateIndexSerializer,
+        responses={201: OpenApiResponse(description="The index, empty, in the capability's space.")},
+    )
+    @action(detail=True, methods=["get", "post"])
     def indexes(self, request: Request, pk: Any = None) -> Response:
+        """The indexes in the store; ``POST`` creates an empty one in a capability's space, for an
+        application's first vectors (a consumer alias is then bound over it)."""
+        store = self.get_object()
         try:
-            found = self.get_object().adapter().list_indexes()
+            adapter = store.adapter()
+            if request.method == "POST":
+                data = CreateIndexSerializer(data=request.data)
+                data.is_valid(raise_exception=True)
+                capability = data.validated_data["capability"]
+                space = engine.space_of(capability)
+                if space is None:
+                    raise ApiError(
+                        codes.EMBEDDING_SPACE_UNKNOWN,
+                        f"{capability.name}'s embedding space is not recorded: measure or declare it first.",
+                        409,
+                    )
+                adapter.create_target(data.validated_data["name"], dimension=space.dimension, space=space.key)
+                made = adapter.info(data.validated_data["name"])
+                return Response(_index(made), status=status.HTTP_201_CREATED)
+            return Response([_index(i) for i in adapter.list_indexes()])
         except AdapterError as exc:
-            raise ApiError(exc.code, exc.message, 503) from None
-        return Response(
-            [{"name": i.name, "space": i.space, "dimension": i.dimension, "count": i.count} for i in found]
-        )
+            raise ApiError(
+                exc.code, exc.message, 503 if exc.code == codes.STORE_UNAVAILABLE else 409
+            ) from None
+
+
+def _index(info: Any) -> dict[str, Any]:
+    return {"name": info.name, "space": info.space, "dimension": info.dimension, "count": info.count}
 
 
 class ConsumerAliasViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

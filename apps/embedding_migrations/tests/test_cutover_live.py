@@ -155,7 +155,10 @@ def test_a_cutover_reindexes_through_the_gateway_and_swaps_with_no_failed_or_wro
 
 def test_a_same_space_move_needs_no_reindex(fleet: Fleet, operator_client):
     # Another capability version served by the same model: the same space.
-    serve(operator_client, "rag.embedding@3", "enc-a-2", "enc-a-8d")
+    # Recorded when it was bound (the probe of a new binding), not measured by hand.
+    serve(operator_client, "rag.embedding@3", "enc-a-2", "enc-a-8d", measure=False)
+    assert wait_until(lambda: EmbeddingSpace.objects.filter(capability__name="rag.embedding@3").exists(), 30)
+    assert EmbeddingSpace.objects.get(capability__name="rag.embedding@3").recorded_by == "probe by binding"
     assert EmbeddingSpace.objects.get(capability__name="rag.embedding@3").same_as(
         EmbeddingSpace.objects.get(capability__name="rag.embedding@1")
     )

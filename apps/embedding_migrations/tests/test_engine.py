@@ -228,6 +228,32 @@ def test_bad_input_is_a_named_400_and_nothing_is_written(alias, store, operator_
         "/api/v1/embedding-spaces/measure", {"capability": "rag.embedding@2"}, format="json"
     )
     assert unmeasured.status_code == 409 and unmeasured.json()["code"] == "EMBEDDING_SPACE_UNKNOWN"
+    # An application's first index: created empty in a capability's space, listed, refused twice over.
+    made = operator_client.post(
+        f"/api/v1/vector-stores/{found.pk}/indexes",
+        {"name": "faq_v1", "capability": "rag.embedding@2"},
+        format="json",
+    )
+    assert made.status_code == 201, made.content
+    assert made.json() == {
+        "name": "faq_v1",
+        "space": EmbeddingSpace.objects.get(capability__name="rag.embedding@2").key,
+        "dimension": 16,
+        "count": 0,
+    }
+    clash = operator_client.post(
+        f"/api/v1/vector-stores/{found.pk}/indexes",
+        {"name": "faq_v1", "capability": "rag.embedding@1"},
+        format="json",
+    )
+    assert clash.status_code == 409 and clash.json()["code"] == "INDEX_EXISTS"
+    listed = operator_client.get(f"/api/v1/vector-stores/{found.pk}/indexes").json()
+    assert {i["name"] for i in listed} == {"kb_v1", "faq_v1"}
+    # A capability behind an alias cannot be deleted from under it.
+    held = Capability.objects.get(name="rag.embedding@1")
+    deleted = operator_client.delete(f"/api/v1/capabilities/{held.pk}")
+    assert deleted.status_code == 409 and deleted.json()["code"] == "CONFLICT", deleted.content
+    assert "kb" in deleted.json()["message"]
     # The store's connection string is never shown back.
     listed = operator_client.get("/api/v1/vector-stores").json()
     assert "dsn" not in str(listed)
