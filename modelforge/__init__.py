@@ -1,5 +1,6 @@
-"""ModelForge control plane."""
+"""ModelForge control plane.
 
-from modelforge.celery import app as celery_app
-
-__all__ = ["celery_app"]
+Nothing is imported here: ``make run`` (``python -m modelforge.devstack``) imports this package first, and
+must be able to take Ctrl-C from its first moment. The Celery application is loaded by Django at start-up
+(``apps.core``'s ``ready``), and found by ``celery -A modelforge`` as ``modelforge.celery``.
+"""

@@ -87,6 +87,9 @@ def _manage(env: dict[str, str], *args: str) -> None:
                     process.wait()
                 raise Interrupted from None
             continue
+        if code != 0 and INTERRUPTED.is_set():
+            # Ctrl-C between the fork and the child's new session reaches the child too: not a failure.
+            raise Interrupted
         if code != 0:
             raise subprocess.CalledProcessError(code, argv)
         return
@@ -770,4 +773,10 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:
+        # Ctrl-C before run() took the signal over (the first moments of start-up): nothing was started.
+        say("interrupted")
+        say("stopped")
+        sys.exit(0)

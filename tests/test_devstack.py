@@ -596,12 +596,14 @@ def test_an_embedded_service_found_gone_is_started_again_after_a_back_off(stack_
         stack.stop(only_started=True)
 
 
-@pytest.mark.parametrize("moment", ["start-up", "migrate"])
+@pytest.mark.parametrize("moment", ["first-moment", "start-up", "migrate"])
 def test_ctrl_c_at_any_moment_of_start_up_stops_cleanly_and_says_interrupted(tmp_path, stack_home, moment):
     # Regression: Ctrl-C in the first second was ignored; during migrate it printed a traceback.
     env, home, _ = stack_env(stack_home, MODELFORGE_LOCAL_AGENT="false", MODELFORGE_DEMO="false")
     running = start_process([PYTHON, "-m", "modelforge.devstack", "run"], env, tmp_path / "run.log")
-    if moment == "start-up":  # the first thing it says, before the embedded services start
+    if moment == "first-moment":  # while Python is still importing: before any handler of ours
+        time.sleep(0.15)
+    elif moment == "start-up":  # the first thing it says, before the embedded services start
         assert wait_until(logged(running, "modelforge: data folder"), 30), running.log()[-3000:]
     else:
         assert wait_until(logged(running, "modelforge: migrating the database"), 120), running.log()[-3000:]
