@@ -36,6 +36,10 @@ def cluster_list(request: HttpRequest) -> HttpResponse:
         "capability_names": Capability.objects.order_by("name").values_list("name", flat=True),
         "algorithms": Algorithm.choices,
         "servers": ModelServer.objects.order_by("name").only("pk", "name"),
+        # Offered for a new cluster: running or starting servers that serve no member yet.
+        "free_servers": ModelServer.objects.filter(
+            state__in=["pending", "placing", "starting", "running"], cluster_member__isnull=True
+        ).order_by("name"),
         "minted": _take_minted(request),
         "active_nav": "clusters",
     }
@@ -135,7 +139,10 @@ def _post(request: HttpRequest, *names: str) -> dict[str, Any]:
 def cluster_create(request: HttpRequest) -> HttpResponse:
     from apps.clusters.api.serializers import ClusterSerializer
 
-    serializer = ClusterSerializer(data=_post(request, "name", "algorithm"))
+    data: dict[str, Any] = _post(request, "name", "algorithm")
+    if request.POST.getlist("servers"):
+        data["servers"] = request.POST.getlist("servers")
+    serializer = ClusterSerializer(data=data)
     cluster = _save(request, serializer, "Cluster {} created.")
     return redirect("clusters:detail", cluster.pk) if cluster else redirect("clusters:list")
 

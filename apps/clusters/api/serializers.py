@@ -4,6 +4,7 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from django.core.exceptions import ObjectDoesNotExist
+from django.db import transaction
 from django.core.validators import RegexValidator
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field, inline_serializer
@@ -11,6 +12,7 @@ from rest_framework import serializers
 from rest_framework.validators import UniqueValidator
 
 from apps.clusters.models import CAPABILITY, Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
+from apps.servers.models import ModelServer
 from modelforge.validators import PrintableText
 
 # Capabilities are matched exactly, so they are written exactly: no spaces, lower case, @version. A
@@ -65,13 +67,46 @@ class ClusterMemberSerializer(PrintableText, serializers.ModelSerializer):
 class ClusterSerializer(PrintableText, serializers.ModelSerializer):
     members = ClusterMemberSerializer(many=True, read_only=True)
     servers_attached = serializers.SerializerMethodField()
+    servers = serializers.PrimaryKeyRelatedField(
+        queryset=ModelServer.objects.all(),
+        many=True,
+        write_only=True,
+        required=False,
+        help_text="On creation only: a member per server (named after it, its GPUs, weight 1), each "
+        "attached, in one step. Servers that failed, stopped or serve another member are refused.",
+    )
 
     class Meta:
         model = Cluster
-        fields = ["id", "name", "algorithm", "members", "servers_attached"]
+        fields = ["id", "name", "algorithm", "members", "servers_attached", "servers"]
 
     def get_servers_attached(self, cluster: Cluster) -> bool:
         return any(m.server_id for m in cluster.members.all())
+
+    def validate_servers(self, servers: list[ModelServer]) -> list[ModelServer]:
+        if self.instance is not None and servers:
+            raise serializers.ValidationError(
+                "servers are given at creation only; add members and attach them on the cluster."
+            )
+        if len({s.pk for s in servers}) != len(servers):
+            raise serializers.ValidationError("a server is listed twice.")
+        for server in servers:
+            if server.state in ("failed", "stopped", "stopping"):
+                raise serializers.ValidationError(f"{server.name} is {server.state}.")
+            if ClusterMember.objects.filter(server=server).exists():
+                raise serializers.ValidationError(f"{server.name} already serves a member.")
+        return servers
+
+    def create(self, validated_data: dict[str, Any]) -> Cluster:
+        servers = validated_data.pop("servers", [])
+        with transaction.atomic():
+            cluster = super().create(validated_data)
+            for server in servers:
+                member = ClusterMember.objects.create(
+                    cluster=cluster, name=server.name[:63], gpus=server.gpus_wanted, weight=1
+                )
+                member.attach(server)
+        return cluster
 
 
 class RoutingTierSerializer(PrintableText, serializers.ModelSerializer):

@@ -115,3 +115,29 @@ def test_every_action_needs_a_staff_login(client):
         assert response.status_code == 302 and "/login" in response["Location"]
     cluster.refresh_from_db()
     assert cluster.algorithm == "weighted_round_robin" and Cluster.objects.count() == 1
+
+
+def test_a_cluster_is_built_from_selected_servers_in_one_step(operator, operator_client):
+    node = loopback_node()
+    one, two = running_server(node, "pick-1", 9101), running_server(node, "pick-2", 9102)
+    failed = running_server(node, "pick-broken", 9103)
+    failed.state = "failed"
+    failed.save(update_fields=["state"])
+    page = operator.get("/clusters/").content.decode()
+    assert "pick-1" in page and "pick-broken" not in page.split('name="servers"')[1].split("</select>")[0]
+    assert "CLUSTER_MEMBERSHIP_LOCKED" in page  # the order is said up front
+
+    operator.post("/clusters/create", {"name": "picked", "servers": [str(one.pk), str(two.pk)]})
+    cluster = Cluster.objects.get(name="picked")
+    assert {(m.name, m.server_id, m.weight) for m in cluster.members.all()} == {
+        ("pick-1", one.pk, 1),
+        ("pick-2", two.pk, 1),
+    }
+    # The API does the same; a failed or already-serving server refuses the whole cluster, nothing written.
+    for servers, why in (([str(failed.pk)], "pick-broken is failed"), ([str(one.pk)], "already serves")):
+        answer = operator_client.post(
+            "/api/v1/clusters", {"name": "again", "servers": servers}, format="json"
+        )
+        assert answer.status_code == 400 and why in answer.json()["message"], answer.content
+    assert not Cluster.objects.filter(name="again").exists()
+    assert ClusterMember.objects.count() == 2
