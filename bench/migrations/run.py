@@ -32,6 +32,7 @@ import random
 import resource
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -395,7 +396,8 @@ def _at(event: dict[str, Any]) -> float:
 
 @contextlib.contextmanager
 def profiled(folder: Path | None, pids: dict[str, int]) -> Iterator[None]:
-    """With ``folder``: py-spy samples each of ``pids`` (and its children, idle time too: wall clock) into ``<name>.txt``."""
+    """With ``folder``: py-spy samples each of ``pids`` and its children into ``<name>.txt`` (raw stacks,
+    idle ones too: where the wall-clock time goes)."""
     if folder is None:
         yield
         return
@@ -495,52 +497,57 @@ def platform_run(
 def print_report(
     args: argparse.Namespace,
     target_model: str,
-    direct: dict[str, Any],
-    platform: dict[str, Any],
+    rounds: list[tuple[dict[str, Any], dict[str, Any]]],
     code: tuple[dict[str, str], dict[str, str]],
 ) -> bool:
+    """The table (one row per run), the median rates against the target; True when it is met."""
     n = args.documents
-    direct_rate = n / direct["seconds"]
-    platform_rate = n / platform["seconds"]
-    ratio = 100 * platform_rate / direct_rate
     print()
     print(
         f"Reindex of {n:,} documents, batch {args.batch}: {SOURCE_MODEL} ({SOURCE_DIMENSION} dimensions) -> "
         f"{target_model} ({args.dimension} dimensions), echo engine, pgvector, {os.cpu_count()} cores"
     )
     print()
-    head = "| run | seconds | documents/s | " + " | ".join(f"CPU s {c}" for c in TABLE_COLUMNS) + " |"
-    print(head)
-    print("|---|---:|---:|" + "---:|" * len(TABLE_COLUMNS))
-    for label, run, rate in (
-        ("direct (engine's port)", direct, direct_rate),
-        ("platform (cutover, gateway)", platform, platform_rate),
-    ):
-        cpu = " | ".join(f"{run['cpu'].get(c, 0.0):.1f}" for c in TABLE_COLUMNS)
-        print(f"| {label} | {run['seconds']:.1f} | {rate:,.0f} | {cpu} |")
+    cpu_head = " | ".join(f"CPU s {c}" for c in TABLE_COLUMNS)
+    print(f"| run | seconds | documents/s | of direct | {cpu_head} |")
+    print("|---|---:|---:|---:|" + "---:|" * len(TABLE_COLUMNS))
+    for number, (direct, platform) in enumerate(rounds, 1):
+        suffix = f" {number}" if len(rounds) > 1 else ""
+        for label, run in ((f"direct{suffix}", direct), (f"platform{suffix}", platform)):
+            share = f"{100 * direct['seconds'] / run['seconds']:.1f} %" if run is platform else ""
+            cpu = " | ".join(f"{run['cpu'].get(c, 0.0):.1f}" for c in TABLE_COLUMNS)
+            print(f"| {label} | {run['seconds']:.1f} | {n / run['seconds']:,.0f} | {share} | {cpu} |")
     print()
+    direct_s = statistics.median(d["seconds"] for d, _ in rounds)
+    platform_s = statistics.median(p["seconds"] for _, p in rounds)
+    ratio = 100 * direct_s / platform_s
     met = ratio >= TARGET_PCT
-    print(f"platform / direct: {ratio:.1f} % (target >= {TARGET_PCT:.0f} %: {'met' if met else 'MISSED'})")
-    worker_rate = platform["docs_done"] / platform["worker_seconds"] if platform["worker_seconds"] else 0.0
+    median = "median " if len(rounds) > 1 else ""
     print(
-        f"platform, the worker's own count (reindex_seconds, without the progress UPDATE): "
-        f"{platform['worker_seconds']:.1f} s = {worker_rate:,.0f} documents/s"
-    )
-    print(
-        f"platform, start request -> reindexed (dispatch, provisioning, reindex): "
-        f"{platform['start_to_reindexed']:.1f} s; gateway 401s while the new credential propagated: "
-        f"{platform['refused_401']}; verification (HNSW build, sample checks): "
-        f"{platform.get('verify_seconds', 0.0):.1f} s"
+        f"{median}documents/s: direct {n / direct_s:,.0f}, platform {n / platform_s:,.0f}; platform / direct "
+        f"{ratio:.1f} % (target >= {TARGET_PCT:.0f} %: {'met' if met else 'MISSED'})"
     )
     batches = -(-n // args.batch)
 
     def ms(seconds: float) -> str:
         return f"{seconds / batches * 1000:.1f} ms"
 
+    for number, (direct, platform) in enumerate(rounds, 1):
+        worker_rate = platform["docs_done"] / platform["worker_seconds"]
+        print(
+            f"{'round ' + str(number) + ', ' if len(rounds) > 1 else ''}per batch ({batches:,}): direct "
+            f"{ms(direct['seconds'])} (read {ms(direct['read'])}, embed {ms(direct['embed'])}, write "
+            f"{ms(direct['write'])}); platform {ms(platform['seconds'])}, of which the worker's own count "
+            f"{ms(platform['worker_seconds'])} (reindex_seconds: {worker_rate:,.0f} documents/s)"
+        )
+        print(
+            f"  platform: start request -> reindexed {platform['start_to_reindexed']:.1f} s; gateway 401s "
+            f"before the new credential was known: {platform['refused_401']}; then the verification (the "
+            f"HNSW build, checks) {platform.get('verify_seconds', 0.0):.1f} s"
+        )
     print(
-        f"per batch ({batches:,}): direct {ms(direct['seconds'])} (read {ms(direct['read'])}, embed "
-        f"{ms(direct['embed'])}, write {ms(direct['write'])}), platform {ms(platform['seconds'])}, added "
-        f"{ms(platform['seconds'] - direct['seconds'])}"
+        "CPU s: from /proc, over each run; postgres: the whole server, other: the rest of the machine "
+        "(other users' processes, the kernel)"
     )
     before, after = code
     print("code: " + ", ".join(f"{Path(p).name} {d}" for p, d in before.items()))
@@ -550,67 +557,20 @@ def print_report(
     return met
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--documents", type=int, default=100_000)
-    parser.add_argument(
-        "--batch", type=int, default=128, help="documents per batch (the cutover's batch_size)"
-    )
-    parser.add_argument("--dimension", type=int, default=384, help="the target model's dimensions (max 2000)")
-    parser.add_argument("--web-workers", type=int, default=1)
-    parser.add_argument(
-        "--redis-db", type=int, default=12, help="with MODELFORGE_REDIS_URL: the database used"
-    )
-    parser.add_argument(
-        "--profile", type=Path, help="py-spy the worker and web during the platform's reindex"
-    )
-    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
-    args = parser.parse_args()
-    if not 1 <= args.dimension <= 2000 or not 1 <= args.batch <= 2048 or args.documents < 1:
-        parser.error("--dimension 1-2000, --batch 1-2048, --documents at least 1")
+def measure(
+    args: argparse.Namespace, stack: Stack, server_url: str, control_url: str, dsn: str
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Set up the source and the alias, then ``--rounds`` of a direct run and a platform run."""
+    assert stack.api is not None
+    api = stack.api
     target_model = f"enc-b-{args.dimension}d"
-
-    def interrupted(*_: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupted)
-    workdir = Path(tempfile.mkdtemp(prefix="mf-bench-migrations-"))
-    workdir.chmod(0o755)  # the embedded PostgreSQL runs as an unprivileged user when we are root
-    environ = dict(os.environ)
-    environ.setdefault("MODELFORGE_EMBEDDED_PG_PORT", str(free_port()))
-    environ.setdefault("MODELFORGE_EMBEDDED_REDIS_PORT", str(free_port()))
-    embedded = EmbeddedStack.from_environment(workdir / "services", environ)
-    databases: list[str] = []
-    stack: Stack | None = None
-    adapter: PgvectorAdapter | None = None
-    code = 1
-    digests = code_digests()
-    try:
-        urls = embedded.start(persistent=False)
-        server_url = urls.get("MODELFORGE_DATABASE_URL") or environ["MODELFORGE_DATABASE_URL"]
-        redis_url = urls.get("MODELFORGE_REDIS_URL") or _with_path(
-            environ["MODELFORGE_REDIS_URL"], f"/{args.redis_db}"
-        )
-        control_url = create_database(server_url, f"mf_bench_migrations_{os.getpid()}")
-        databases.append(control_url)
-        vectors_url = create_database(server_url, f"mf_bench_vectors_{os.getpid()}")
-        databases.append(vectors_url)
-        dsn = _with_path(vectors_url, urlsplit(vectors_url).path, scheme="postgresql")
-
-        stack = Stack(workdir, control_url, redis_url, args.web_workers)
-        stack.start(target_model)
-        assert stack.api is not None
-        api = stack.api
-        source_space = stack.engines[SOURCE]["space"]["key"]
-        target_space = stack.engines[TARGET]["space"]
-        if target_space["dimension"] != args.dimension:
-            raise ScenarioFailed(f"the target engine measured {target_space['dimension']} dimensions")
-
-        api.ok("POST", "/api/v1/vector-stores", {"name": "kb-store", "kind": "pgvector", "dsn": dsn})
-        store = (api.get("/api/v1/vector-stores") or {})["results"][0]["id"]
-        adapter = PgvectorAdapter(dsn)
+    source_space = stack.engines[SOURCE]["space"]["key"]
+    target_space = stack.engines[TARGET]["space"]
+    if target_space["dimension"] != args.dimension:
+        raise ScenarioFailed(f"the target engine measured {target_space['dimension']} dimensions")
+    api.ok("POST", "/api/v1/vector-stores", {"name": "kb-store", "kind": "pgvector", "dsn": dsn})
+    store = (api.get("/api/v1/vector-stores") or {})["results"][0]["id"]
+    with PgvectorAdapter(dsn) as adapter, psycopg.connect(control_url, autocommit=True) as control:
         say(f"writing the source index: {args.documents:,} documents")
         write_source(adapter, source_space, args.documents)
         say("binding the alias (builds the source's HNSW index)")
@@ -625,46 +585,96 @@ def main() -> int:
                 "query_capability": "kb.query@1",
             },
         )["id"]
-
-        with psycopg.connect(control_url, autocommit=True) as control:
-            postmaster = postmaster_of(control)
-            engine_pid = int(stack.engines[TARGET]["pid"])
-            meter_sources: dict[str, Callable[[], float]] = {
-                "bench": self_cpu,
-                "worker": lambda: group_cpu(stack.children["worker"].process.pid),
-                "web": lambda: group_cpu(stack.children["web"].process.pid),
-                "engine": lambda: group_cpu(engine_pid),
-                "agent": lambda: group_cpu(stack.children["agent"].process.pid),
-                "postgres": lambda: server_cpu(postmaster),
-                "machine": machine_cpu,
-            }
-
-            say(f"direct run: {args.documents:,} documents in batches of {args.batch}")
+        postmaster = postmaster_of(control)
+        engine_pid = int(stack.engines[TARGET]["pid"])
+        sources: dict[str, Callable[[], float]] = {
+            "bench": self_cpu,
+            "worker": lambda: group_cpu(stack.children["worker"].process.pid),
+            "web": lambda: group_cpu(stack.children["web"].process.pid),
+            "engine": lambda: group_cpu(engine_pid),
+            "agent": lambda: group_cpu(stack.children["agent"].process.pid),
+            "postgres": lambda: server_cpu(postmaster),
+            "machine": machine_cpu,
+        }
+        engine_url = f"http://127.0.0.1:{stack.engines[TARGET]['port']}"
+        rounds = []
+        for number in range(1, args.rounds + 1):
+            say(f"round {number}, direct: {args.documents:,} documents in batches of {args.batch}")
             adapter.create_target(DIRECT_INDEX, dimension=args.dimension, space=target_space["key"])
             checkpoint(server_url)
-            meter = Meter(meter_sources)
+            meter = Meter(sources)
             meter.start()
-            engine_url = f"http://127.0.0.1:{stack.engines[TARGET]['port']}"
             direct: dict[str, Any] = direct_run(adapter, engine_url, target_model, args.dimension, args.batch)
             direct["cpu"] = meter.stop()
             if adapter.count(DIRECT_INDEX) != args.documents:
                 raise ScenarioFailed("the direct run did not write every document")
-            say(f"direct: {direct['seconds']:.1f} s")
-
-            say("platform run: a cutover through the API")
+            say(f"direct: {direct['seconds']:.1f} s; platform: a cutover through the API")
             checkpoint(server_url)
-            meter = Meter(meter_sources)
+            meter = Meter(sources)
             platform = platform_run(stack, control, alias, args.batch, meter, args.profile)
             platform["cpu"] = meter.spent
             if platform["stage"] != "ready_to_cut":
-                print(f"the cutover failed: {platform['failure']}; verification: {platform['verification']}")
-                return 1
+                raise ScenarioFailed(
+                    f"the cutover failed: {platform['failure']}; verification: {platform['verification']}"
+                )
+            say(f"platform: {platform['seconds']:.1f} s")
             sample = [f"d{i:07d}" for i in range(0, args.documents, max(1, args.documents // 7))]
-            if adapter.read_vectors(DIRECT_INDEX, sample) != adapter.read_vectors(
-                platform["target_index"], sample
-            ):
-                raise ScenarioFailed("the direct and the platform's vectors differ")
-        met = print_report(args, target_model, direct, platform, (digests, code_digests()))
+            made = adapter.read_vectors(platform["target_index"], sample)
+            if adapter.read_vectors(DIRECT_INDEX, sample) != made:
+                raise ScenarioFailed("the direct run's vectors and the platform's differ")
+            rounds.append((direct, platform))
+            if number < args.rounds:
+                api.ok("POST", f"/api/v1/cutovers/{platform['id']}/roll-back", {"reason": "next round"})
+                adapter.drop(platform["target_index"])
+                adapter.drop(DIRECT_INDEX)
+    return rounds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--documents", type=int, default=100_000)
+    parser.add_argument("--batch", type=int, default=128, help="documents per batch (the cutover's)")
+    parser.add_argument("--dimension", type=int, default=384, help="the target model's (at most 2000)")
+    parser.add_argument("--rounds", type=int, default=1, help="direct + platform, this many times")
+    parser.add_argument("--web-workers", type=int, default=1)
+    parser.add_argument("--redis-db", type=int, default=12, help="with MODELFORGE_REDIS_URL: the one used")
+    parser.add_argument("--profile", type=Path, help="py-spy the worker and web during the platform runs")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
+    args = parser.parse_args()
+    if not 1 <= args.dimension <= 2000 or not 1 <= args.batch <= 2048 or min(args.documents, args.rounds) < 1:
+        parser.error("--dimension 1-2000, --batch 1-2048, --documents and --rounds at least 1")
+
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    workdir = Path(tempfile.mkdtemp(prefix="mf-bench-migrations-"))
+    workdir.chmod(0o755)  # the embedded PostgreSQL runs as an unprivileged user when we are root
+    environ = dict(os.environ)
+    environ.setdefault("MODELFORGE_EMBEDDED_PG_PORT", str(free_port()))
+    environ.setdefault("MODELFORGE_EMBEDDED_REDIS_PORT", str(free_port()))
+    embedded = EmbeddedStack.from_environment(workdir / "services", environ)
+    databases: list[str] = []
+    stack: Stack | None = None
+    code = 1
+    digests = code_digests()
+    try:
+        urls = embedded.start(persistent=False)
+        server_url = urls.get("MODELFORGE_DATABASE_URL") or environ["MODELFORGE_DATABASE_URL"]
+        redis_url = urls.get("MODELFORGE_REDIS_URL") or _with_path(
+            environ["MODELFORGE_REDIS_URL"], f"/{args.redis_db}"
+        )
+        control_url = create_database(server_url, f"mf_bench_migrations_{os.getpid()}")
+        databases.append(control_url)
+        vectors_url = create_database(server_url, f"mf_bench_vectors_{os.getpid()}")
+        databases.append(vectors_url)
+        dsn = _with_path(vectors_url, urlsplit(vectors_url).path, scheme="postgresql")
+        stack = Stack(workdir, control_url, redis_url, args.web_workers)
+        stack.start(f"enc-b-{args.dimension}d")
+        rounds = measure(args, stack, server_url, control_url, dsn)
+        met = print_report(args, f"enc-b-{args.dimension}d", rounds, (digests, code_digests()))
         code = 0 if met else 1
     except KeyboardInterrupt:
         say("interrupted: cleaning up")
@@ -675,8 +685,6 @@ def main() -> int:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        if adapter is not None:
-            adapter.close()
         if stack is not None:
             stack.stop()
         for url in reversed(databases):

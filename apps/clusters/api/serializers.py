@@ -4,8 +4,8 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from django.core.exceptions import ObjectDoesNotExist
-from django.db import transaction
 from django.core.validators import RegexValidator
+from django.db import transaction
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
