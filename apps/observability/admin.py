@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from apps.observability.models import TelemetrySample, TrafficSample
+from apps.observability.models import HostSample, TelemetrySample, TrafficSample
 
 
 @admin.register(TelemetrySample)
@@ -24,6 +24,16 @@ class TelemetrySampleAdmin(admin.ModelAdmin):
 class TrafficSampleAdmin(admin.ModelAdmin):
     list_display = ("backend", "minute", "requests", "errors")
     readonly_fields = [f.name for f in TrafficSample._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(HostSample)
+class HostSampleAdmin(admin.ModelAdmin):
+    list_display = ("node_name", "at", "memory_total_bytes", "memory_available_bytes", "load_1m", "cpu_count")
+    list_filter = ("node_name",)
+    readonly_fields = [f.name for f in HostSample._meta.fields]
 
     def has_add_permission(self, request):
         return False

@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 
 from apps.nodes.models import Node
 from apps.observability import sampling
-from apps.observability.models import TelemetrySample, TrafficSample
+from apps.observability.models import HostSample, TelemetrySample, TrafficSample
 from modelforge.errors import ApiError
 from modelforge.openapi import NOT_BLANK
 
@@ -38,11 +38,20 @@ MINUTES = {"type": "integer", "minimum": 1, "maximum": 7 * 24 * 60}
 BACKEND = {"type": "string", "maxLength": 64, "pattern": NOT_BLANK}
 
 
+class HostSampleSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = HostSample
+        fields = ["at", "reported_at", "memory_total_bytes", "memory_available_bytes", "load_1m", "cpu_count"]
+
+
 class NodeTelemetrySerializer(serializers.Serializer):
     node = serializers.UUIDField()
     node_name = serializers.CharField()
     since = serializers.DateTimeField()
     samples = TelemetrySampleSerializer(many=True)
+    host_samples = HostSampleSerializer(
+        many=True, help_text="RAM and load over the same window: the only history a CPU node has."
+    )
 
 
 class MinutesSerializer(serializers.Serializer):
@@ -50,7 +59,7 @@ class MinutesSerializer(serializers.Serializer):
 
 
 class NodeTelemetryView(APIView):
-    """A node's GPU telemetry history (``minutes``, default 60). ``503 OBSERVABILITY_DEGRADED`` when the
+    """A node's telemetry history (``minutes``, default 60): GPU samples, and host samples (RAM, load). ``503 OBSERVABILITY_DEGRADED`` when the
     monitoring store is unavailable; nothing else depends on it."""
 
     @extend_schema(
@@ -66,6 +75,7 @@ class NodeTelemetryView(APIView):
         since = timezone.now() - timedelta(minutes=query.validated_data["minutes"])
         try:
             samples = sampling.history(node.pk, since)
+            hosts = sampling.host_history(node.pk, since)
         except sampling.ObservabilityUnavailable as exc:
             raise ApiError(
                 sampling.OBSERVABILITY_DEGRADED,
@@ -79,6 +89,7 @@ class NodeTelemetryView(APIView):
                 "node_name": node.name,
                 "since": since,
                 "samples": TelemetrySampleSerializer(samples, many=True).data,
+                "host_samples": HostSampleSerializer(hosts, many=True).data,
             }
         )
 

@@ -113,6 +113,12 @@ def test_the_alert_clears_when_the_store_is_back(reporting_node, operator_client
     node, _ = reporting_node
     history = operator_client.get(f"/api/v1/nodes/{node.pk}/telemetry?minutes=5").json()
     assert history["node_name"] == "gpu-a" and [s["gpu_index"] for s in history["samples"]] == [0, 1]
+    # Host readings (RAM, load) come with it: the only history a CPU node has.
+    assert len(history["host_samples"]) == 1
+    assert (
+        history["host_samples"][0]["memory_total_bytes"]
+        > history["host_samples"][0]["memory_available_bytes"]
+    )
     bad = operator_client.get(f"/api/v1/nodes/{node.pk}/telemetry?minutes=0")
     assert bad.status_code == 400 and bad.json()["code"] == "VALIDATION_ERROR"
 
