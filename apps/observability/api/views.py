@@ -60,8 +60,7 @@ class MinutesSerializer(serializers.Serializer):
 
 class NodeTelemetryView(APIView):
     """A node's telemetry history (``minutes``, default 60): GPU samples, and host samples (RAM, load).
-    ``503 OBSERVABILITY_DEGRADED`` when the monitoring store is unavailable; nothing else depends on it."""A node's telemetry history (``minutes``, default 60): GPU samples, and host samples (RAM, load). ``503 OBSERVABILITY_DEGRADED`` when the
-    monitoring store is unavailable; nothing else depends on it."""
+    ``503 OBSERVABILITY_DEGRADED`` when the monitoring store is unavailable; nothing else depends on it."""
 
     @extend_schema(
         parameters=[
@@ -111,8 +110,7 @@ class TrafficQuerySerializer(MinutesSerializer):
 
 
 class TrafficView(APIView):
-    """A node's telemetry history (``minutes``, default 60): GPU samples, and host samples (RAM, load).
-    ``503 OBSERVABILITY_DEGRADED`` when the monitoring store is unavailable; nothing else depends on it."""Requests and errors per backend (model server id) per minute through the gateway, newest first
+    """Requests and errors per backend (model server id) per minute through the gateway, newest first
     (``minutes``, default 60; ``backend`` to pick one). ``503 OBSERVABILITY_DEGRADED`` when the monitoring
     store is unavailable."""
 
