@@ -72,6 +72,40 @@ class AdoptedProcess:
         return self.returncode
 
 
+READY_CHECKS: dict[str, tuple[str, dict[str, Any], str]] = {
+    "chat": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 1, "temperature": 0},
+        "choices",
+    ),
+    "embeddings": ("/v1/embeddings", {"input": "ready"}, "data"),
+}
+
+
+def ready_check(managed: ManagedServer) -> str:
+    """'' when the server answers one real inference of its kind; otherwise what went wrong."""
+    check = READY_CHECKS.get(managed.ready_check)
+    if check is None:
+        return ""
+    path, body, key = check
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{managed.port}{path}",
+        data=json.dumps({"model": managed.model, **body}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 -- our loopback
+            answer = json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return f"a one-token {managed.ready_check} request answered HTTP {exc.code}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return f"a one-token {managed.ready_check} request failed ({type(exc).__name__})"
+    if not isinstance(answer, dict) or not answer.get(key):
+        return f"a one-token {managed.ready_check} request answered without {key!r}"
+    return ""
+
+
 @dataclass
 class ManagedServer:
     """One launched model server and what the agent knows of it."""
@@ -81,6 +115,7 @@ class ManagedServer:
     port: int
     health_path: str
     state: str = STARTING
+    ready_check: str = "none"
     reason: str = ""
     model: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
@@ -235,6 +270,7 @@ class ProcessManager:
             process,
             port,
             str(spec.get("health_path") or "/health"),
+            ready_check=str(spec.get("ready_check") or "none"),
             model=str(spec.get("model", "")),
             meta=dict(spec.get("meta") or {}),
         )
@@ -276,26 +312,39 @@ class ProcessManager:
     def _watch(self, managed: ManagedServer) -> None:
         url = f"http://127.0.0.1:{managed.port}{managed.health_path}"
         deadline = time.monotonic() + self.start_timeout_s
+        healthy = False
+        not_ready = ""
         while managed.state == STARTING:
             code = managed.process.poll()
             if code is not None:
                 managed.state = FAILED
                 tail = " | ".join(list(managed.output)[-3:])
-                managed.reason = f"exited with status {code} before it was healthy" + (
+                stage = "ready (its first inference)" if healthy else "healthy"
+                managed.reason = f"exited with status {code} before it was {stage}" + (
                     f": {tail}" if tail else ""
                 )
                 return
             try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
+                if not healthy:
+                    with urllib.request.urlopen(url, timeout=2) as response:
+                        healthy = response.status == 200
+                if healthy:
+                    # Health answers before the model has run once: a one-token inference proves it
+                    # (an engine that dies on its first inference never reports running).
+                    not_ready = ready_check(managed)
+                    if not not_ready:
                         managed.state = RUNNING
-                        logger.info("server %s is healthy on port %s", managed.server_id, managed.port)
+                        logger.info("server %s is ready on port %s", managed.server_id, managed.port)
                         break
             except (urllib.error.URLError, OSError):
                 pass
             if time.monotonic() > deadline:
                 managed.state = FAILED
-                managed.reason = f"not healthy at {managed.health_path} within {self.start_timeout_s:.0f} s"
+                managed.reason = (
+                    f"healthy, but {not_ready} within {self.start_timeout_s:.0f} s"
+                    if healthy
+                    else f"not healthy at {managed.health_path} within {self.start_timeout_s:.0f} s"
+                )
                 os.killpg(managed.process.pid, signal.SIGTERM)
                 return
             time.sleep(0.3)

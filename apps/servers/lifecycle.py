@@ -84,6 +84,7 @@ def launch(server: ModelServer) -> None:
                 "args": list(profile.launch.args),
                 "env": profile.launch.env,
                 "health_path": profile.launch.health_path,
+                "ready_check": profile.launch.ready_check,
                 "values": {
                     "model": server.model,
                     "gpu_indexes": ",".join(str(i) for i in gpu_indexes),

@@ -19,6 +19,7 @@ A profile::
     command = "python"
     args = ["-m", "engine", "--port", "{port}", "--model", "{model_path}"]
     health_path = "/health"
+    ready_check = "chat"             # none | chat | embeddings: after health answers, one real inference
     env = { KEY = "value" }
 """
 
@@ -33,6 +34,7 @@ from typing import Any
 ENGINES = ("vllm", "llamacpp", "embeddings", "test")
 ACCELERATORS = ("nvidia", "cpu")
 MEMORY_RULES = ("fixed", "weights_factor")
+READY_CHECKS = ("none", "chat", "embeddings")
 PLACEHOLDERS = (
     "{python}",
     "{port}",
@@ -54,6 +56,9 @@ class LaunchTemplate:
     args: tuple[str, ...]
     health_path: str
     env: dict[str, str] = field(default_factory=dict)
+    # What proves the model answers (the agent's readiness, after the health path): a one-token chat
+    # completion, one embedding, or nothing (health only). A crashing engine never reports running.
+    ready_check: str = "none"
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,7 @@ def _profile(path: Path, data: dict[str, Any], problems: list[ProfileProblem]) -
     for section, allowed in (
         ("memory", {"rule", "per_gpu_gib", "weights_factor", "overhead_gib"}),
         ("shm", {"min_gib"}),
-        ("launch", {"command", "args", "health_path", "env"}),
+        ("launch", {"command", "args", "health_path", "env", "ready_check"}),
     ):
         value = data.get(section, {})
         if isinstance(value, dict):
@@ -214,6 +219,7 @@ def _profile(path: Path, data: dict[str, Any], problems: list[ProfileProblem]) -
     health = r.get("launch.health_path", str, default="/health")
     if isinstance(health, str) and not health.startswith("/"):
         r.fail("launch.health_path", "must start with '/'")
+    ready = r.get("launch.ready_check", str, default="none", choices=READY_CHECKS)
     env = r.get("launch.env", dict, default={})
     if isinstance(env, dict) and not all(isinstance(v, str) for v in env.values()):
         r.fail("launch.env", "every value must be a string")
@@ -239,6 +245,6 @@ def _profile(path: Path, data: dict[str, Any], problems: list[ProfileProblem]) -
         weights_factor=float(factor),
         overhead_bytes=int(float(overhead) * GIB),
         shm_bytes=int(float(shm) * GIB),
-        launch=LaunchTemplate(command, tuple(args), health, dict(env)),
+        launch=LaunchTemplate(command, tuple(args), health, dict(env), ready or "none"),
         source=str(path),
     )

@@ -133,3 +133,58 @@ def test_an_entry_whose_process_is_gone_or_is_another_process_now_is_not_adopted
         )
     )
     assert ProcessManager(tmp_path, state_file=state).adopt() == []
+
+
+# An engine whose health answers at once, and whose first inference crashes the process (as llama.cpp
+# built for another CPU dies with SIGILL) or fails: never reported running.
+FRAGILE_ENGINE = """
+import http.server, json, os, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers()
+        self.wfile.write(b"{}")
+    def do_POST(self):
+        if sys.argv[2] == "crash":
+            os._exit(132)
+        self.send_response(500); self.send_header("Content-Length", "2"); self.end_headers()
+        self.wfile.write(b"{}")
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_a_server_is_running_only_once_a_one_token_inference_answers(tmp_path: Path):
+    manager = ProcessManager(tmp_path)
+    ready = manager.launch({**ECHO, "server_id": "ok", "ready_check": "chat"})
+    crashing = manager.launch(
+        {
+            **ECHO,
+            "server_id": "sigill",
+            "ready_check": "chat",
+            "args": ["-c", FRAGILE_ENGINE, "{port}", "crash"],
+        }
+    )
+    try:
+        assert wait_for(lambda: ready.state == RUNNING), list(ready.output)
+        assert wait_for(lambda: crashing.state == FAILED)
+        assert "exited with status 132 before it was ready (its first inference)" in crashing.reason
+        # Without a ready check the same engine is reported running on its health alone.
+        naive = manager.launch(
+            {**ECHO, "server_id": "naive", "args": ["-c", FRAGILE_ENGINE, "{port}", "crash"]}
+        )
+        assert wait_for(lambda: naive.state == RUNNING)
+    finally:
+        manager.stop_all()
+
+
+def test_a_server_whose_inference_keeps_failing_fails_at_the_limit_naming_it(tmp_path: Path):
+    manager = ProcessManager(tmp_path)
+    manager.start_timeout_s = 2
+    failing = manager.launch(
+        {**ECHO, "server_id": "e500", "ready_check": "chat", "args": ["-c", FRAGILE_ENGINE, "{port}", "500"]}
+    )
+    try:
+        assert wait_for(lambda: failing.state == FAILED)
+        assert failing.reason == "healthy, but a one-token chat request answered HTTP 500 within 2 s"
+    finally:
+        manager.stop_all()
