@@ -11,8 +11,9 @@ class CoreConfig(AppConfig):
 
     def ready(self) -> None:
         # `manage.py check` reports configuration problems as system checks (modelforge/checks.py).
-        from modelforge import checks  # noqa: F401
-
         # Every Django process (web, manage.py, the worker) sends tasks through this application: loaded
         # here, not in modelforge/__init__.py, which make run imports before it can take Ctrl-C.
-        from modelforge import celery  # noqa: F401
+        from modelforge import (
+            celery,  # noqa: F401
+            checks,  # noqa: F401
+        )
