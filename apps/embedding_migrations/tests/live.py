@@ -9,6 +9,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,11 +45,15 @@ class Fleet:
     documents: int
 
 
-def start_agent(live_web: Any, tmp_path: Path) -> RunningProcess:
+def start_agent(
+    live_web: Any, tmp_path: Path, prepare: Callable[[Path], object] | None = None
+) -> RunningProcess:
     models = tmp_path / "models"
     for name in (SOURCE_MODEL, TARGET_MODEL):
         (models / name).mkdir(parents=True)
         (models / name / "config.json").write_text("{}")
+    if prepare is not None:
+        prepare(models)
     _, token = EnrollmentToken.objects.mint(note="cutover tests")
     env = agent_environment(
         live_web.url,

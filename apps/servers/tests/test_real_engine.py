@@ -7,10 +7,11 @@ from __future__ import annotations
 import os
 import signal
 
-import httpx
 import pytest
 from django.core.management import call_command
+from openai import APIStatusError, OpenAI
 
+from apps.clusters.models import Capability, ClientCredential, RoutingTier
 from apps.nodes.models import EnrollmentToken, Node
 from apps.servers.models import ModelServer
 from tests.fixtures import PYTHON, agent_environment, start_process, wait_until
@@ -47,7 +48,7 @@ def test_a_gguf_model_is_served_by_llama_cpp_on_the_local_node(
         settings.LOCAL_NODE = "local-node"  # the placement runs in this process
         body = {
             "name": "gemma",
-            "profile": "llamacpp-gguf",
+            "profile": "llamacpp-gemma",
             "model": gguf.name,
             "weights_bytes": gguf.stat().st_size,
         }
@@ -57,22 +58,42 @@ def test_a_gguf_model_is_served_by_llama_cpp_on_the_local_node(
             lambda: ModelServer.objects.get(name="gemma").state in ("running", "failed"), 240
         ), agent.log()[-3000:]
         server = ModelServer.objects.get(name="gemma")
+        # Running means a one-token chat completion answered (the profile's ready_check), not only
+        # that the HTTP server was up.
         assert server.state == "running", (server.failure_code, server.failure_message)
-        chat = httpx.post(
-            f"http://127.0.0.1:{server.port}/v1/chat/completions",
-            json={"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 16},
-            timeout=120,
+
+        # Through the gateway, with the official client, as an application would call it.
+        capability = Capability.objects.create(name="chat.gemma@1")
+        RoutingTier.objects.create(capability=capability, server=server)
+        _, secret = ClientCredential.objects.mint(name="engine test", scopes=["chat.gemma@1"])
+        client = OpenAI(base_url=live_web.url + "/v1", api_key=secret, timeout=120)
+        assert wait_until(lambda: _answers(client), 20)
+        chat = client.chat.completions.create(
+            model="chat.gemma@1",
+            messages=[{"role": "user", "content": "Name one colour of the rainbow."}],
+            max_tokens=16,
+            temperature=0,
         )
-        assert chat.status_code == 200, chat.text
-        assert chat.json()["choices"][0]["message"]["role"] == "assistant"
-        completion = httpx.post(
-            f"http://127.0.0.1:{server.port}/v1/completions",
-            json={"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0},
-            timeout=120,
+        text = chat.choices[0].message.content or ""
+        # The Gemma chat format: real generated words, not an empty answer in a fallback format.
+        assert text.strip() and any(c.isalpha() for c in text), chat
+        assert chat.usage is not None and chat.usage.completion_tokens > 0 and chat.usage.prompt_tokens > 5
+        completion = client.completions.create(
+            model="chat.gemma@1", prompt="The capital of France is", max_tokens=8, temperature=0
         )
-        assert completion.status_code == 200, completion.text
-        assert completion.json()["usage"]["completion_tokens"] > 0
-        assert completion.json()["choices"][0]["text"].strip(), completion.json()
+        assert completion.usage is not None and completion.usage.completion_tokens > 0
+        assert completion.choices[0].text.strip(), completion
     finally:
         os.killpg(agent.process.pid, signal.SIGTERM)
         agent.process.wait(30)
+
+
+def _answers(client: OpenAI) -> bool:
+    """The gateway's routing table has the new binding (it refreshes within a second or two)."""
+    try:
+        client.chat.completions.create(
+            model="chat.gemma@1", messages=[{"role": "user", "content": "Hi"}], max_tokens=1
+        )
+    except APIStatusError:
+        return False
+    return True
