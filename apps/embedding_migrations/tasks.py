@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from apps.embedding_migrations import engine
+from apps.embedding_migrations import engine, runner, spaces
 
 
 @shared_task(name="embedding_migrations.run_cutover")
 def run_cutover(cutover_id: str, token: str) -> str:
     """Run a cutover's stage (claimed by ``token``); a second delivery of the same run does nothing."""
-    return engine.run(cutover_id, token)
+    return runner.run(cutover_id, token)
 
 
 @shared_task(name="embedding_migrations.watch")
@@ -35,7 +35,7 @@ def record_space(capability_id: int, attempt: int = 1) -> str:
     if capability is None or EmbeddingSpace.objects.filter(capability=capability).exists():
         return "nothing to record"
     try:
-        engine.measure_space(capability, actor="binding")
+        spaces.measure_space(capability, actor="binding")
     except ApiError as exc:
         if "no running backend" in exc.message and attempt < MEASURE_TRIES:
             send(record_space, capability_id, attempt + 1, countdown=MEASURE_PAUSE_S)

@@ -11,7 +11,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.embedding_migrations import codes, engine
+from apps.embedding_migrations import codes, engine, spaces
 from apps.embedding_migrations.adapters import AdapterError
 from apps.embedding_migrations.api.serializers import (
     ActionSerializer,
@@ -47,7 +47,7 @@ class EmbeddingSpaceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
         capability = values.pop("capability")
-        space = engine.record_space(capability, values, actor=_who(request))
+        space = spaces.record_space(capability, values, actor=_who(request))
         return Response(EmbeddingSpaceSerializer(space).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=MeasureSpaceSerializer, responses={201: EmbeddingSpaceSerializer})
@@ -56,7 +56,7 @@ class EmbeddingSpaceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
         """Embed two probe texts on a running backend of the capability and record what came back."""
         data = MeasureSpaceSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        space = engine.measure_space(
+        space = spaces.measure_space(
             data.validated_data["capability"], actor=_who(request), pooling=data.validated_data["pooling"]
         )
         return Response(EmbeddingSpaceSerializer(space).data, status=status.HTTP_201_CREATED)
@@ -105,7 +105,7 @@ class VectorStoreViewSet(
                 data = CreateIndexSerializer(data=request.data)
                 data.is_valid(raise_exception=True)
                 capability = data.validated_data["capability"]
-                space = engine.space_of(capability)
+                space = spaces.space_of(capability)
                 if space is None:
                     raise ApiError(
                         codes.EMBEDDING_SPACE_UNKNOWN,

@@ -16,7 +16,7 @@ from django.utils import timezone
 from agent.engines.echo import vector
 from apps.alerts.models import Alert
 from apps.clusters.models import Capability
-from apps.embedding_migrations import engine
+from apps.embedding_migrations import engine, runner, spaces
 from apps.embedding_migrations.adapters.base import Row
 from apps.embedding_migrations.adapters.pgvector import PgvectorAdapter
 from apps.embedding_migrations.models import ConsumerAlias, Cutover, EmbeddingSpace, Stage, VectorStore
@@ -35,7 +35,7 @@ def store() -> Iterator[tuple[VectorStore, PgvectorAdapter]]:
 
 def space(name: str, model: str, dimension: int) -> EmbeddingSpace:
     capability = Capability.objects.create(name=name)
-    return engine.record_space(
+    return spaces.record_space(
         capability,
         {"model": model, "revision": "", "dimension": dimension, "normalized": True, "pooling": "mean"},
         actor="test",
@@ -175,7 +175,7 @@ def test_the_watch_marks_a_silent_run_interrupted_and_sends_an_unclaimed_run_aga
 def test_a_run_whose_token_is_not_the_cutover_s_does_nothing(alias):
     cutover = engine.plan(alias=alias, target=Capability.objects.get(name="rag.embedding@2"), actor="t")
     Cutover.objects.filter(pk=cutover.pk).update(stage=Stage.PROVISIONING, run_token=cutover.pk)
-    assert engine.run(str(cutover.pk), "00000000-0000-0000-0000-000000000000") == "not claimed"
+    assert runner.run(str(cutover.pk), "00000000-0000-0000-0000-000000000000") == "not claimed"
     assert Cutover.objects.get(pk=cutover.pk).claimed_at is None
 
 
