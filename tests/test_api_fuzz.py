@@ -73,6 +73,15 @@ schema.app = WSGIHandler()
 # cannot see: positive_data_acceptance is left out for them; every other check runs.
 ACCEPTANCE_DEPENDS_ON_STATE = {
     "POST /api/v1/servers": "placement: the runtime profile's own rules (GPUs, weights), nodes, capacity",
+    "POST /api/v1/clusters": "its servers must exist, be live and serve no member yet",
+    # Embedding migrations act on a vector store and on recorded spaces: the store must answer, the
+    # capabilities be named (by name, which no steering can pick from a drawn string) and have spaces.
+    "POST /api/v1/vector-stores": "the store at the DSN must answer and hold vectors",
+    "POST /api/v1/vector-stores/{id}/indexes": "a capability by name, with a recorded space",
+    "POST /api/v1/consumer-aliases": "a capability by name, with a recorded space; the index in the store",
+    "POST /api/v1/cutovers": "a target capability by name, with a recorded space",
+    "POST /api/v1/embedding-spaces": "a capability by name",
+    "POST /api/v1/embedding-spaces/measure": "a capability by name, served by a running backend",
     "PUT /api/v1/routing-tiers/{id}": "exactly one of cluster and server: a field left out keeps its value",
     "PATCH /api/v1/routing-tiers/{id}": "exactly one of cluster and server, counting the stored binding",
     "PATCH /api/v1/notification-channels/{id}": "the target is judged by the stored kind",
@@ -118,6 +127,7 @@ def world(settings: Any, tmp_path: Path) -> dict[str, Any]:
     from apps.artifacts.models import Artifact, Replica
     from apps.backups.models import Backup, Restore
     from apps.clusters.models import Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
+    from apps.embedding_migrations.models import ConsumerAlias, Cutover, EmbeddingSpace, VectorStore
     from apps.nodes.models import EnrollmentToken
     from apps.nodes.tests.factories import beat, heartbeat_report, make_node
     from apps.observability.models import TelemetrySample, TrafficSample
@@ -217,6 +227,28 @@ def world(settings: Any, tmp_path: Path) -> dict[str, Any]:
     spare = ClusterMember.objects.create(cluster=Cluster.objects.create(name="fuzz-empty"), name="fuzz-m2")
     tier = RoutingTier.objects.create(capability=capability, cluster=cluster)
     client, _ = ClientCredential.objects.mint(name="fuzz", scopes=[capability.name])
+    # Embedding migrations' rows (no vector store answers at this address: acting on it is refused).
+    space = EmbeddingSpace.objects.create(
+        capability=capability, model="fuzz-model", dimension=8, normalized=True, recorded_by="fuzz"
+    )
+    store = VectorStore.objects.create(
+        name="fuzz-store", kind="pgvector", dsn="postgresql://postgres@127.0.0.1:1/x"
+    )
+    query = Capability.objects.create(name="fuzz.query@1", follows=capability)
+    alias = ConsumerAlias.objects.create(
+        store=store, name="fuzz_kb", index="fuzz_v1", capability=capability, query_capability=query
+    )
+    cutover = Cutover.objects.create(
+        alias=alias,
+        source_capability=capability,
+        target_capability=capability,
+        source_index="fuzz_v1",
+        target_index="fuzz_v1",
+        source_space={**space.identity(), "key": space.key},
+        target_space={**space.identity(), "key": space.key},
+        same_space=True,
+        created_by="fuzz",
+    )
 
     def ids(*rows: Any) -> list[str]:
         return [str(row.pk) for row in rows]
@@ -226,6 +258,10 @@ def world(settings: Any, tmp_path: Path) -> dict[str, Any]:
         "artifacts": ids(ready, broken, waiting, quarantined),
         "backups": ids(verified, queued),
         "capabilities": ids(capability),
+        "embedding-spaces": ids(space),
+        "vector-stores": ids(store),
+        "consumer-aliases": ids(alias),
+        "cutovers": ids(cutover),
         "client-credentials": ids(client),
         "cluster-members": ids(member, spare),
         "clusters": ids(cluster, spare.cluster),
@@ -251,6 +287,8 @@ def world(settings: Any, tmp_path: Path) -> dict[str, Any]:
 
 # Fields and query parameters that name another row, and the world's rows of that kind.
 REFERENCES = {
+    "alias": "consumer-aliases",
+    "store": "vector-stores",
     "alert": "alerts",
     "artifact": "artifacts",
     "backup": "backups",

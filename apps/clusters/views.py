@@ -137,12 +137,12 @@ def _post(request: HttpRequest, *names: str) -> dict[str, Any]:
 @staff_required
 @require_POST
 def cluster_create(request: HttpRequest) -> HttpResponse:
-    from apps.clusters.api.serializers import ClusterSerializer
+    from apps.clusters.api.serializers import ClusterCreateSerializer
 
     data: dict[str, Any] = _post(request, "name", "algorithm")
     if request.POST.getlist("servers"):
         data["servers"] = request.POST.getlist("servers")
-    serializer = ClusterSerializer(data=data)
+    serializer = ClusterCreateSerializer(data=data)
     cluster = _save(request, serializer, "Cluster {} created.")
     return redirect("clusters:detail", cluster.pk) if cluster else redirect("clusters:list")
 

@@ -37,6 +37,7 @@ class CapabilitySerializer(PrintableText, serializers.ModelSerializer):
     follows: serializers.SlugRelatedField[Capability] = serializers.SlugRelatedField(
         slug_field="name",
         read_only=True,
+        allow_null=True,
         help_text="Set for a consumer alias's query name: served by this capability's backends.",
     )
     embedding_space = serializers.SerializerMethodField(
@@ -67,27 +68,31 @@ class ClusterMemberSerializer(PrintableText, serializers.ModelSerializer):
 class ClusterSerializer(PrintableText, serializers.ModelSerializer):
     members = ClusterMemberSerializer(many=True, read_only=True)
     servers_attached = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Cluster
+        fields = ["id", "name", "algorithm", "members", "servers_attached"]
+
+    def get_servers_attached(self, cluster: Cluster) -> bool:
+        return any(m.server_id for m in cluster.members.all())
+
+
+class ClusterCreateSerializer(ClusterSerializer):
+    """A new cluster, optionally built from servers in one step."""
+
     servers = serializers.PrimaryKeyRelatedField(
         queryset=ModelServer.objects.all(),
         many=True,
         write_only=True,
         required=False,
-        help_text="On creation only: a member per server (named after it, its GPUs, weight 1), each "
-        "attached, in one step. Servers that failed, stopped or serve another member are refused.",
+        help_text="A member per server (named after it, its GPUs, weight 1), each attached, in one step. "
+        "Servers that failed, stopped or serve another member are refused, and nothing is written.",
     )
 
-    class Meta:
-        model = Cluster
-        fields = ["id", "name", "algorithm", "members", "servers_attached", "servers"]
-
-    def get_servers_attached(self, cluster: Cluster) -> bool:
-        return any(m.server_id for m in cluster.members.all())
+    class Meta(ClusterSerializer.Meta):
+        fields = [*ClusterSerializer.Meta.fields, "servers"]
 
     def validate_servers(self, servers: list[ModelServer]) -> list[ModelServer]:
-        if self.instance is not None and servers:
-            raise serializers.ValidationError(
-                "servers are given at creation only; add members and attach them on the cluster."
-            )
         if len({s.pk for s in servers}) != len(servers):
             raise serializers.ValidationError("a server is listed twice.")
         for server in servers:

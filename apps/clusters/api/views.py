@@ -26,6 +26,9 @@ class ClusterViewSet(viewsets.ModelViewSet):
     queryset = Cluster.objects.prefetch_related("members")
     serializer_class = s.ClusterSerializer
 
+    def get_serializer_class(self) -> type[s.ClusterSerializer]:
+        return s.ClusterCreateSerializer if self.action == "create" else s.ClusterSerializer
+
     @extend_schema(responses=s.LoadBalancerReportSerializer)
     @action(detail=True, methods=["get"], url_path="load-balancer")
     def load_balancer(self, request: Request, pk: Any = None) -> Response:
