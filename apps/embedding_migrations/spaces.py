@@ -72,7 +72,7 @@ def measure_space(capability: Capability, *, actor: str, pooling: str = Pooling.
             f"{url}/v1/embeddings",
             json={"model": capability.name, "input": PROBE_TEXTS},
             headers={PROBE_HEADER: "embedding-space"},
-            timeout=10,
+            timeout=60,  # a large model's first embedding on a busy CPU node can take seconds
         )
         answer.raise_for_status()
         vectors = [item["embedding"] for item in answer.json()["data"]]
@@ -83,11 +83,18 @@ def measure_space(capability: Capability, *, actor: str, pooling: str = Pooling.
             f"({type(exc).__name__}); is it an embedding model?",
             409,
         ) from None
-    dimension = len(vectors[0]) if vectors else 0
-    if dimension == 0 or any(len(v) != dimension for v in vectors):
+    if not vectors or not all(is_vector(v) for v in vectors):
         raise ApiError(
             codes.EMBEDDING_SPACE_UNKNOWN,
-            f"{capability.name}'s backend {server.name} answered vectors of no or mixed dimensions.",
+            f"{capability.name}'s backend {server.name} did not answer one flat vector of numbers per input "
+            "(a model served without pooling answers a vector per token): serve it with a pooling.",
+            409,
+        )
+    dimension = len(vectors[0])
+    if any(len(v) != dimension for v in vectors):
+        raise ApiError(
+            codes.EMBEDDING_SPACE_UNKNOWN,
+            f"{capability.name}'s backend {server.name} answered vectors of mixed dimensions.",
             409,
         )
     normalized = all(abs(norm(v) - 1.0) < 1e-3 for v in vectors)
@@ -148,3 +155,12 @@ def reindex_refusal(source: EmbeddingSpace, target: EmbeddingSpace, what: str) -
 
 def norm(vector: Sequence[float]) -> float:
     return math.sqrt(sum(x * x for x in vector))
+
+
+def is_vector(value: Any) -> bool:
+    """A non-empty flat list of numbers (not a vector per token, not booleans)."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(x, int | float) and not isinstance(x, bool) for x in value)
+    )
