@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import User
+from django.utils import timezone
 
 from apps.artifacts.models import Artifact
 from apps.clusters.models import Capability, Cluster, ClusterMember
 from apps.clusters.tests.factories import loopback_node, running_server
+from apps.embedding_migrations.models import ConsumerAlias, Cutover, EmbeddingSpace, VectorStore
 from tests.fixtures import log_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.stack]
@@ -44,7 +46,31 @@ def test_no_visible_button_on_any_dashboard_page_is_text_on_its_own_colour(live_
     cluster = Cluster.objects.create(name="embed")
     ClusterMember.objects.create(cluster=cluster, name="attached", server=server)
     ClusterMember.objects.create(cluster=cluster, name="free", gpus=0)
-    Capability.objects.create(name="rag.embedding@1")
+    embedding = Capability.objects.create(name="rag.embedding@1")
+    # An interrupted cut-over, so the Migrations page shows its progress and every action.
+    space = EmbeddingSpace.objects.create(
+        capability=embedding, model="m", dimension=8, normalized=True, recorded_by="test"
+    )
+    store = VectorStore.objects.create(name="kb-store", kind="pgvector", dsn="postgresql://x@127.0.0.1:1/x")
+    query = Capability.objects.create(name="kb.query@1", follows=embedding)
+    alias = ConsumerAlias.objects.create(
+        store=store, name="kb", index="kb_v1", capability=embedding, query_capability=query
+    )
+    cutover = Cutover.objects.create(
+        alias=alias,
+        source_capability=embedding,
+        target_capability=embedding,
+        source_index="kb_v1",
+        target_index="kb_v2",
+        source_space={**space.identity(), "key": space.key},
+        target_space={**space.identity(), "key": space.key},
+        same_space=False,
+        stage="cutting_over",
+        interrupted_at=timezone.now(),
+        docs_total=100,
+        docs_done=40,
+        created_by="test",
+    )
     ready = Artifact.objects.create(name="ok", source_kind="http", locator="https://e.com/o", state="ready")
     held = Artifact.objects.create(
         name="held", source_kind="http", locator="https://e.com/h", state="quarantined"
@@ -68,6 +94,8 @@ def test_no_visible_button_on_any_dashboard_page_is_text_on_its_own_colour(live_
         "/backups/",
         "/alerts/",
         "/work/",
+        "/migrations/",
+        f"/migrations/{cutover.pk}/",
         "/no/such/page",
     ]
     page = browser.new_page()  # type: ignore[attr-defined]
@@ -92,6 +120,15 @@ def test_no_visible_button_on_any_dashboard_page_is_text_on_its_own_colour(live_
         assert (
             weight and row and weight["width"] < row["width"] / 4
         )  # inputs no longer stretch across the row
+
+        # The interrupted cut-over: its progress bar at 40 %, the callout, and the three ways out.
+        page.goto(f"{live_web.url}/migrations/{cutover.pk}/")
+        for label in ("Retry the stage", "Complete", "Roll back"):
+            assert page.locator(f"button:has-text('{label}')").first.is_visible(), label
+        assert "CUTOVER_INTERRUPTED" in page.locator("[role=alert]").first.inner_text()
+        bar = page.locator("[role=progressbar]").bounding_box()
+        done = page.locator("[role=progressbar] .seg").bounding_box()
+        assert bar and done and 0.35 < done["width"] / bar["width"] < 0.45
 
         page.goto(live_web.url + "/no/such/page")
         assert page.locator("h1").inner_text() == "Page not found"
