@@ -504,8 +504,9 @@ def platform_run(
     if "reindexing" in events and "verifying" in events:
         figures["seconds"] = _at(events["verifying"]) - _at(events["reindexing"])
         figures["start_to_reindexed"] = _at(events["verifying"]) - started
-    if "ready_to_cut" in events and "verifying" in events:
-        figures["verify_seconds"] = _at(events["ready_to_cut"]) - _at(events["verifying"])
+    ended = events.get("ready_to_cut") or events.get("failed")
+    if ended is not None and "verifying" in events:
+        figures["verify_seconds"] = _at(ended) - _at(events["verifying"])
     return figures
 
 
