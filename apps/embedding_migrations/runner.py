@@ -319,16 +319,30 @@ def _verify(cutover: Cutover, adapter: Any) -> bool:
     checks["re_embedded"] = {"checked": len(sample), "differing": differing[:10], "passed": not differing}
     _beat(cutover)
     probe_alias = f"mfv_{cutover.pk.hex[:20]}"
+    unanswered: list[str] = []
     missed: list[str] = []
+    queried = sample[:8]
     try:
         adapter.swap_alias(probe_alias, cutover.target_index, expected=adapter.read_alias_target(probe_alias))
-        for row in sample[:8]:
+        for row in queried:
             hits = adapter.search(probe_alias, row.embedding, space=target["key"], k=3)
-            if not hits or row.id not in {h.id for h in hits}:
+            if not hits:
+                unanswered.append(row.id)
+            elif row.id not in {h.id for h in hits}:
                 missed.append(row.id)
     finally:
         adapter.drop_alias(probe_alias)
-    checks["queries"] = {"checked": min(len(sample), 8), "missed": missed, "passed": not missed}
+    # Every query must answer in the target space. The search index is approximate (HNSW): a document
+    # may miss its own top 3 on data without structure, so recall is reported and must only be at least
+    # half (an index built over the wrong vectors finds none).
+    found = len(queried) - len(unanswered) - len(missed)
+    checks["queries"] = {
+        "checked": len(queried),
+        "unanswered": unanswered,
+        "missed": missed,
+        "found_themselves": found,
+        "passed": not unanswered and found * 2 >= len(queried),
+    }
     passed = all(c["passed"] for c in checks.values())
     _beat(cutover, verification={"passed": passed, "checks": checks, "at": timezone.now().isoformat()})
     cutover.verification = {"passed": passed, "checks": checks}
