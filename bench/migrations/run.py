@@ -90,7 +90,8 @@ TABLE_COLUMNS = ("bench", "worker", "web", "engine", "agent", "postgres", "other
 # The code measured: its digests are printed, and a change during the run (processes started before and
 # after it would run different code) is reported.
 MEASURED_CODE = (
-    "apps/embedding_migrations/engine.py",
+    "apps/embedding_migrations/runner.py",
+    "apps/embedding_migrations/spaces.py",
     "apps/embedding_migrations/adapters/pgvector.py",
     "apps/clusters/gateway.py",
     "apps/clusters/upstream.py",
@@ -376,8 +377,9 @@ def checkpoint(server_url: str) -> None:
 def direct_run(
     adapter: PgvectorAdapter, engine_url: str, model: str, dimension: int, batch: int
 ) -> dict[str, float]:
-    """The reindex loop of apps/embedding_migrations/engine.py without the platform: its seconds, and
-    the seconds spent reading, embedding (request and JSON decoding) and writing."""
+    """The reindex loop of apps/embedding_migrations/runner.py as a plain client would run it (no
+    gateway, credential, progress or heartbeat; the answer decoded and its count and dimension checked):
+    its seconds, and the seconds spent reading, embedding (request and JSON decoding) and writing."""
     phases = {"read": 0.0, "embed": 0.0, "write": 0.0}
     with httpx.Client(base_url=engine_url, timeout=httpx.Timeout(60.0, connect=5.0)) as client:
         started = time.perf_counter()
