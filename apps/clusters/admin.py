@@ -1,6 +1,9 @@
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db import transaction
 
+from apps.clusters import services
 from apps.clusters.models import Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
+from modelforge.errors import ApiError
 
 
 class ClusterMemberInline(admin.TabularInline):
@@ -10,7 +13,7 @@ class ClusterMemberInline(admin.TabularInline):
     extra = 0
 
     def _unlocked(self, obj) -> bool:
-        return obj is None or not obj.has_servers_attached()
+        return obj is None or not services.membership_locked(obj)
 
     def has_add_permission(self, request, obj=None):
         return self._unlocked(obj)
@@ -28,7 +31,41 @@ class ClusterAdmin(admin.ModelAdmin):
     inlines = [ClusterMemberInline]
 
     def has_delete_permission(self, request, obj=None):
-        return obj is None or not obj.has_servers_attached()
+        return obj is None or not services.membership_locked(obj)
+
+    def save_formset(self, request, form, formset, change):
+        """Members are written through the operator rules (apps.clusters.services), like the API's and
+        the dashboard's: removals, edits and additions first, attaches last (an attach locks the
+        membership). The inline is hidden while locked; a refusal here is a race lost, and then nothing
+        of this save is kept."""
+        if formset.model is not ClusterMember:
+            super().save_formset(request, form, formset, change)
+            return
+        formset.save(commit=False)
+        cluster = form.instance
+        try:
+            for member in formset.deleted_objects:
+                services.remove_member(member)
+            attaches = []
+            for member, changed in formset.changed_objects:
+                fields = {f: getattr(member, f) for f in changed if f in services.MEMBER_FIELDS}
+                if fields:
+                    services.edit_member(member, **fields)
+                if "server" in changed:
+                    attaches.append((member, member.server))
+            for member in formset.new_objects:
+                added = services.add_member(cluster, name=member.name, gpus=member.gpus, weight=member.weight)
+                member.pk = added.pk
+                if member.server is not None:
+                    attaches.append((added, member.server))
+            for member, server in attaches:
+                if server is None:
+                    services.detach(member)
+                else:
+                    services.attach(member, server)
+        except ApiError as exc:
+            transaction.set_rollback(True)
+            self.message_user(request, f"{exc.code}: {exc.message}", messages.ERROR)
 
 
 @admin.register(Capability)

@@ -10,3 +10,7 @@ class ClustersConfig(AppConfig):
 
     def ready(self) -> None:
         from apps.clusters import routing  # noqa: F401 -- connects the routing-table invalidation
+        from apps.clusters.usage import server_usage
+        from apps.servers.usage import register_usage
+
+        register_usage(server_usage)  # servers' "used by" asks clusters without importing them

@@ -10,10 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
-from apps.clusters import codes
 from apps.servers.models import ModelServer
-from modelforge.errors import ApiError
-from modelforge.errors import codes as error_codes
 
 CAPABILITY = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}@[1-9][0-9]{0,5}$")
 CREDENTIAL_PREFIX = "mfc_"
@@ -70,18 +67,8 @@ class Cluster(models.Model):
         return self.name
 
     def has_servers_attached(self) -> bool:
+        """Whether a member has a server attached: membership is then locked (apps.clusters.services)."""
         return self.members.filter(server__isnull=False).exists()
-
-    def refuse_membership_change(self) -> None:
-        """Membership (GPUs, weights, names) changes the deploy shape: detach the servers first."""
-        if self.has_servers_attached():
-            raise ApiError(
-                codes.CLUSTER_MEMBERSHIP_LOCKED,
-                f"Cluster {self.name} has servers attached; membership changes (GPUs, weights, member names) "
-                "change the deploy shape. Detach the servers first. The algorithm can be changed while "
-                "attached.",
-                409,
-            )
 
 
 class ClusterMember(models.Model):
@@ -103,15 +90,6 @@ class ClusterMember(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster}/{self.name}"
-
-    def attach(self, server: ModelServer) -> None:
-        """Attach ``server`` to this member; a server serves one member at most."""
-        if ClusterMember.objects.filter(server=server).exclude(pk=self.pk).exists():
-            raise ApiError(
-                error_codes.VALIDATION_ERROR, f"server: {server.name} is already attached to a member.", 400
-            )
-        self.server = server
-        self.save(update_fields=["server"])
 
 
 class RoutingTier(models.Model):

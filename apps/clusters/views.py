@@ -14,6 +14,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from apps.clusters import services
 from apps.clusters.loadbalancer import cluster_report
 from apps.clusters.models import Algorithm, Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
 from apps.servers.choices import ServerState
@@ -102,7 +103,7 @@ def cluster_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "cluster": cluster,
         "lb": cluster_report(cluster),
         "members": cluster.members.select_related("server"),
-        "locked": cluster.has_servers_attached(),
+        "locked": services.membership_locked(cluster),
         "algorithms": Algorithm.choices,
         # Only servers that can serve: running or starting, and not a member of any cluster already.
         "servers": ModelServer.objects.filter(
@@ -113,15 +114,14 @@ def cluster_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "clusters/cluster_detail.html", context)
 
 
-def _save(request: HttpRequest, serializer: Any, done: str, check: Any = None) -> Any:
-    """Validate and save through the API's serializer; flash the outcome with the API's codes."""
+def _save(request: HttpRequest, serializer: Any, done: str, write: Any = None) -> Any:
+    """Validate through the API's serializer, then save it (or hand its validated data to ``write``, an
+    operator rule of apps.clusters.services); flash the outcome with the API's codes."""
     if not serializer.is_valid():
         messages.error(request, f"VALIDATION_ERROR: {describe_validation(serializer.errors)}")
         return None
     try:
-        if check is not None:
-            check(serializer)
-        saved = serializer.save()
+        saved = serializer.save() if write is None else write(dict(serializer.validated_data))
     except ApiError as exc:
         messages.error(request, f"{exc.code}: {exc.message}")
         return None
@@ -166,12 +166,11 @@ def member_add(request: HttpRequest, pk: int) -> HttpResponse:
 
     cluster = get_object_or_404(Cluster, pk=pk)
     data = {"cluster": cluster.pk, **_post(request, "name", "gpus", "weight")}
-    _save(
-        request,
-        ClusterMemberSerializer(data=data),
-        "Member {} added.",
-        check=lambda _s: cluster.refuse_membership_change(),
-    )
+
+    def add(fields: dict[str, Any]) -> ClusterMember:
+        return services.add_member(fields.pop("cluster"), **fields)
+
+    _save(request, ClusterMemberSerializer(data=data), "Member {} added.", write=add)
     return redirect("clusters:detail", pk)
 
 
@@ -183,8 +182,9 @@ def member_edit(request: HttpRequest, pk: int) -> HttpResponse:
 
     member = get_object_or_404(ClusterMember.objects.select_related("cluster"), pk=pk)
     serializer = ClusterMemberSerializer(member, data=_post(request, "name", "gpus", "weight"), partial=True)
-    locked = member.cluster.refuse_membership_change
-    _save(request, serializer, "Member {} changed.", check=lambda _s: locked())
+    _save(
+        request, serializer, "Member {} changed.", write=lambda fields: services.edit_member(member, **fields)
+    )
     return redirect("clusters:detail", member.cluster_id)
 
 
@@ -193,11 +193,10 @@ def member_edit(request: HttpRequest, pk: int) -> HttpResponse:
 def member_remove(request: HttpRequest, pk: int) -> HttpResponse:
     member = get_object_or_404(ClusterMember.objects.select_related("cluster"), pk=pk)
     try:
-        member.cluster.refuse_membership_change()
+        services.remove_member(member)
     except ApiError as exc:
         messages.error(request, f"{exc.code}: {exc.message}")
     else:
-        member.delete()
         messages.success(request, f"Member {member.name} removed.")
     return redirect("clusters:detail", member.cluster_id)
 
@@ -211,7 +210,7 @@ def member_attach(request: HttpRequest, pk: int) -> HttpResponse:
         messages.error(request, "VALIDATION_ERROR: server: choose an existing model server.")
         return redirect("clusters:detail", member.cluster_id)
     try:
-        member.attach(server)
+        services.attach(member, server)
     except ApiError as exc:
         messages.error(request, f"{exc.code}: {exc.message}")
     else:
@@ -223,8 +222,7 @@ def member_attach(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def member_detach(request: HttpRequest, pk: int) -> HttpResponse:
     member = get_object_or_404(ClusterMember, pk=pk)
-    member.server = None
-    member.save(update_fields=["server"])
+    services.detach(member)
     messages.success(request, f"Server detached from {member.name}.")
     return redirect("clusters:detail", member.cluster_id)
 

@@ -6,7 +6,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from apps.core.work_actions import WorkAdminActions
-from apps.servers import recovery
+from apps.servers import services
 from apps.servers.choices import TERMINAL
 from apps.servers.models import ModelServer, Reservation, ServerEvent, ServerTombstone
 from modelforge.errors import ApiError
@@ -71,15 +71,12 @@ class ModelServerAdmin(WorkAdminActions):
 
     @admin.action(description="Stop selected servers")
     def stop_servers(self, request: HttpRequest, queryset: QuerySet[ModelServer]) -> None:
-        stopped = 0
-        for server in queryset.filter(state__in=["starting", "running"]):
-            server.request_stop(by=request.user.get_username())
-            stopped += 1
+        stopped = services.stop_each(queryset, by=services.operator_name(request.user))
         self.message_user(request, f"Stopping {stopped} server(s).")
 
     def delete_model(self, request: HttpRequest, obj: ModelServer) -> None:
-        # The change form's Delete goes through recovery too: a failed server leaves its tombstone.
-        recovery.delete(obj, by=request.user.get_username())
+        # The change form's Delete goes through services.delete too: a failed server leaves its tombstone.
+        services.delete(obj, by=services.operator_name(request.user))
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         # Django's bulk delete would skip the tombstone and the alert: "Delete (with tombstone)" replaces it.
@@ -95,7 +92,7 @@ class ModelServerAdmin(WorkAdminActions):
         verb: str,
     ) -> None:
         """One message per server: what was done, or the refusal's code and message."""
-        by = request.user.get_username()
+        by = services.operator_name(request.user)
         for server in queryset.select_related("node"):
             name = server.name
             try:
@@ -110,15 +107,15 @@ class ModelServerAdmin(WorkAdminActions):
 
     @admin.action(description="Restart (failed servers, on their own node)")
     def restart_servers(self, request: HttpRequest, queryset: QuerySet[ModelServer]) -> None:
-        self._recover(request, queryset, recovery.restart, "restart")
+        self._recover(request, queryset, services.restart, "restart")
 
     @admin.action(description="Re-place (failed servers, wherever there is room)")
     def replace_servers(self, request: HttpRequest, queryset: QuerySet[ModelServer]) -> None:
-        self._recover(request, queryset, recovery.replace, "re-place")
+        self._recover(request, queryset, services.replace, "re-place")
 
     @admin.action(description="Delete (with tombstone)")
     def delete_servers(self, request: HttpRequest, queryset: QuerySet[ModelServer]) -> None:
-        self._recover(request, queryset, recovery.delete, "delete")
+        self._recover(request, queryset, services.delete, "delete")
 
 
 @admin.register(ServerTombstone)

@@ -1,9 +1,9 @@
-"""Failed servers come back: restart on their node, re-place elsewhere when the node is gone, delete.
+"""Failed servers come back: the restart policy's sweep, and the ``SERVER_FAILED`` alerts.
 
-The operator's actions (API, dashboard, admin) and the restart policy's automatic ones go through the same
-functions, and placement is always ``scheduler.place`` with its rules and refusals: a server placed again
-keeps its identity (its clusters and capabilities still name it), and a server nothing has room for
-stays failed with the refusal in its ``SERVER_FAILED`` alert.
+The operator's actions (restart, re-place, delete: apps.servers.services) and the restart policy's
+automatic ones place through the same ``place_again``, and placement is always ``scheduler.place`` with
+its rules and refusals: a server placed again keeps its identity (its clusters and capabilities still
+name it), and a server nothing has room for stays failed with the refusal in its ``SERVER_FAILED`` alert.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ HEALTHY_RUN_S = 600
 TOMBSTONE_DAYS = 30
 
 
-def _refuse_unless_failed(server: ModelServer, action: str) -> None:
+def refuse_unless_failed(server: ModelServer, action: str) -> None:
     if server.state != ServerState.FAILED:
         raise ApiError(
             codes.INVALID_SERVER_STATE,
@@ -42,12 +42,12 @@ def _refuse_unless_failed(server: ModelServer, action: str) -> None:
         )
 
 
-def _place_again(server: ModelServer, *, node: str | None, why: str, reset: bool = False) -> ModelServer:
+def place_again(server: ModelServer, *, node: str | None, why: str, reset: bool = False) -> ModelServer:
     with transaction.atomic():
         server = (
             ModelServer.objects.select_for_update(of=("self",)).select_related("artifact").get(pk=server.pk)
         )
-        _refuse_unless_failed(server, "placed again")
+        refuse_unless_failed(server, "placed again")
         if reset and server.restart_attempts:
             ModelServer.objects.filter(pk=server.pk).update(restart_attempts=0)
             server.restart_attempts = 0
@@ -65,50 +65,6 @@ def _place_again(server: ModelServer, *, node: str | None, why: str, reset: bool
                 why=why,
             )
         )
-
-
-def restart(server: ModelServer, by: str) -> ModelServer:
-    """Start a failed server again on its own node (headroom is checked there again). An operator's
-    restart gives the restart policy its attempts back."""
-    _refuse_unless_failed(server, "restarted")
-    if server.node is None:
-        raise ApiError(codes.INVALID_SERVER_STATE, f"Server {server.name} has no node; re-place it.", 409)
-    return _place_again(server, node=server.node.name, why=f"restart requested by {by}", reset=True)
-
-
-def replace(server: ModelServer, by: str) -> ModelServer:
-    """Place a failed server again wherever the scheduler finds room (its old node included)."""
-    _refuse_unless_failed(server, "re-placed")
-    return _place_again(server, node=None, why=f"re-place requested by {by}", reset=True)
-
-
-def delete(server: ModelServer, by: str) -> None:
-    """Delete a failed or stopped server. A failed one may still run where the control plane cannot see
-    (its node offline): a tombstone makes reconcile stop that copy when the node reports it."""
-    if server.state not in (ServerState.FAILED, ServerState.STOPPED):
-        raise ApiError(
-            codes.INVALID_SERVER_STATE,
-            f"Server {server.name} is {server.state}; stop it before deleting it.",
-            409,
-        )
-    with transaction.atomic():
-        locked = ModelServer.objects.select_for_update(of=("self",)).filter(pk=server.pk).first()
-        if locked is None:
-            return  # deleted meanwhile
-        if locked.state not in (ServerState.FAILED, ServerState.STOPPED):
-            raise ApiError(
-                codes.INVALID_SERVER_STATE,
-                f"Server {server.name} became {locked.state} meanwhile; stop it before deleting it.",
-                409,
-            )
-        if locked.state == ServerState.FAILED:
-            ServerTombstone.objects.update_or_create(
-                server_id=server.pk,
-                defaults={"name": server.name, "node_id": server.node_id, "deleted_by": by[:150]},
-            )
-        Alert.objects.clear_for([codes.ALERT_SERVER_FAILED], "server", str(server.pk))
-        server.delete()
-    logger.warning("server %s deleted by %s", server.name, by)
 
 
 def backoff_s(attempts: int) -> int:
@@ -162,7 +118,7 @@ def recover(now: datetime | None = None) -> dict[str, int]:
             f"after {server.failure_code}"
         )
         try:
-            _place_again(
+            place_again(
                 server,
                 node=server.node.name if same_node and server.node else None,
                 why=why if same_node else f"{why}: its node is not available, placed again elsewhere",

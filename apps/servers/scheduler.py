@@ -80,11 +80,13 @@ class Verdict:
 
 
 class PlacementRefused(ApiError):
-    """A refusal with its per-node explanation (also in the message, for the envelope)."""
+    """A refusal with its per-node explanation: ``summary`` and ``verdicts`` as structure (the dashboard
+    shows them apart), both also in ``message`` for the envelope."""
 
     def __init__(self, code: str, summary: str, status: int, verdicts: list[Verdict]) -> None:
         detail = " ".join(f"[{v.node}] {v.reason}." for v in verdicts)
         super().__init__(code, f"{summary} {detail}".strip(), status)
+        self.summary = summary
         self.verdicts = verdicts
 
 

@@ -1,14 +1,14 @@
 """What uses a model server: the cluster member it is attached to, and the capabilities routed to it.
 
 Answered before an operator deletes, re-places or stops a server, so they see what they are about to take
-away. Clusters sit above servers (they name servers), so their models are imported inside the function.
+away. Clusters sit above servers (they name servers), so servers cannot ask them: an app above registers
+a source here at its ``AppConfig.ready()`` (``register_usage``), and ``used_by`` joins what each says.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TypedDict
-
-from django.db.models import Q
 
 from apps.servers.models import ModelServer
 
@@ -32,28 +32,23 @@ class UsedBy(TypedDict):
     capabilities: list[CapabilityUse]
 
 
+UsageSource = Callable[[ModelServer], UsedBy]
+_sources: list[UsageSource] = []
+
+
+def register_usage(source: UsageSource) -> None:
+    """Add ``source``: given a server, the clusters and capabilities using it. Registering the same
+    function twice is a no-op (``ready()`` may run more than once)."""
+    if source not in _sources:
+        _sources.append(source)
+
+
 def used_by(server: ModelServer) -> UsedBy:
-    """The clusters (with the member name) and capabilities (with the tier and the route) using ``server``.
-
-    A capability reaches the server either through a routing tier that binds the server directly, or
-    through a tier that binds the cluster whose member the server is attached to."""
-    from apps.clusters.models import ClusterMember, RoutingTier
-
-    member = ClusterMember.objects.select_related("cluster").filter(server=server).first()
-    clusters: list[ClusterUse] = []
-    routes = Q(server=server)
-    if member is not None:
-        clusters.append({"id": member.cluster.pk, "name": member.cluster.name, "member": member.name})
-        routes |= Q(cluster=member.cluster)
-    tiers = RoutingTier.objects.filter(routes).select_related("capability", "cluster")
-    capabilities: list[CapabilityUse] = [
-        {
-            "id": tier.capability.pk,
-            "name": tier.capability.name,
-            "tier": tier.tier,
-            "via": "cluster" if tier.cluster_id else "server",
-            "cluster": tier.cluster.name if tier.cluster is not None else None,
-        }
-        for tier in tiers
-    ]
-    return {"clusters": clusters, "capabilities": capabilities}
+    """The clusters (with the member name) and capabilities (with the tier and the route) using
+    ``server``, as every registered source reports them, in registration order."""
+    usage: UsedBy = {"clusters": [], "capabilities": []}
+    for source in _sources:
+        found = source(server)
+        usage["clusters"].extend(found["clusters"])
+        usage["capabilities"].extend(found["capabilities"])
+    return usage

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_POST
 
 from apps.artifacts.models import Artifact, ArtifactState
 from apps.nodes.models import Node
-from apps.servers import recovery
+from apps.servers import recovery, services
 from apps.servers.api.serializers import PlaceRequestSerializer
 from apps.servers.choices import RestartPolicy
 from apps.servers.filtersets import ModelServerFilterSet
@@ -56,7 +56,7 @@ def server_new(request: HttpRequest) -> HttpResponse:
             except PlacementRefused as exc:
                 refusal = {
                     "code": exc.code,
-                    "message": exc.message.split(" [")[0],
+                    "message": exc.summary,
                     "verdicts": [v.as_dict() for v in exc.verdicts],
                 }
             except ApiError as exc:
@@ -120,7 +120,7 @@ def server_detail(request: HttpRequest, pk: str) -> HttpResponse:
 def server_stop(request: HttpRequest, pk: str) -> HttpResponse:
     server = get_object_or_404(ModelServer, pk=pk)
     try:
-        server.request_stop(by=request.user.get_username())
+        services.stop(server, by=services.operator_name(request.user))
         messages.info(request, f"Stopping {server.name}.")
     except ApiError as exc:
         messages.error(request, f"{exc.code}: {exc.message}")
@@ -132,14 +132,13 @@ def server_stop(request: HttpRequest, pk: str) -> HttpResponse:
 def server_recover(request: HttpRequest, pk: str, action: str) -> HttpResponse:
     """Restart, re-place or delete a failed server (delete also a stopped one); a refusal is a message."""
     server = get_object_or_404(ModelServer.objects.select_related("node"), pk=pk)
-    by = request.user.get_username()
+    by = services.operator_name(request.user)
     try:
         if action == "delete":
-            recovery.delete(server, by=by)
+            services.delete(server, by=by)
             messages.success(request, f"{server.name} deleted.")
             return redirect("servers:list")
-        place_again = recovery.restart if action == "restart" else recovery.replace
-        server = place_again(server, by=by)
+        server = services.RECOVERY_ACTIONS[action](server, by=by)
     except ApiError as exc:
         messages.error(request, f"{exc.code}: {exc.message}")
     else:
@@ -152,7 +151,7 @@ def server_recover(request: HttpRequest, pk: str, action: str) -> HttpResponse:
 def server_restart_policy(request: HttpRequest, pk: str) -> HttpResponse:
     server = get_object_or_404(ModelServer, pk=pk)
     try:
-        changed = server.set_restart_policy(request.POST.get("restart_policy", ""))
+        changed = services.set_restart_policy(server, request.POST.get("restart_policy", ""))
     except ApiError as exc:
         messages.error(request, f"{exc.code}: {exc.message}")
     else:

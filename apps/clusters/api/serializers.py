@@ -5,12 +5,12 @@ from typing import Any, ClassVar
 
 from django.core.exceptions import ObjectDoesNotExist
 from django.core.validators import RegexValidator
-from django.db import transaction
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 from rest_framework.validators import UniqueValidator
 
+from apps.clusters import services
 from apps.clusters.models import CAPABILITY, Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
 from apps.servers.models import ModelServer
 from modelforge.validators import PrintableText
@@ -103,15 +103,7 @@ class ClusterCreateSerializer(ClusterSerializer):
         return servers
 
     def create(self, validated_data: dict[str, Any]) -> Cluster:
-        servers = validated_data.pop("servers", [])
-        with transaction.atomic():
-            cluster = super().create(validated_data)
-            for server in servers:
-                member = ClusterMember.objects.create(
-                    cluster=cluster, name=server.name[:63], gpus=server.gpus_wanted, weight=1
-                )
-                member.attach(server)
-        return cluster
+        return services.create_cluster(**validated_data)
 
 
 class RoutingTierSerializer(PrintableText, serializers.ModelSerializer):

@@ -8,6 +8,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps.clusters import services
 from apps.clusters.api import serializers as s
 from apps.clusters.loadbalancer import cluster_report
 from apps.clusters.models import Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
@@ -44,16 +45,14 @@ class ClusterMemberViewSet(viewsets.ModelViewSet):
     serializer_class = s.ClusterMemberSerializer
 
     def perform_create(self, serializer: Any) -> None:
-        serializer.validated_data["cluster"].refuse_membership_change()
-        serializer.save()
+        fields = dict(serializer.validated_data)
+        serializer.instance = services.add_member(fields.pop("cluster"), **fields)
 
     def perform_update(self, serializer: Any) -> None:
-        serializer.instance.cluster.refuse_membership_change()
-        serializer.save()
+        services.edit_member(serializer.instance, **serializer.validated_data)
 
     def perform_destroy(self, instance: ClusterMember) -> None:
-        instance.cluster.refuse_membership_change()
-        instance.delete()
+        services.remove_member(instance)
 
     @extend_schema(request=s.AttachSerializer, responses=s.ClusterMemberSerializer)
     @action(detail=True, methods=["post"])
@@ -63,15 +62,14 @@ class ClusterMemberViewSet(viewsets.ModelViewSet):
         server = by_pk(ModelServer.objects.all(), server_id)
         if server is None:
             raise serializers.ValidationError({"server": ["Give the id of an existing model server."]})
-        member.attach(server)
+        services.attach(member, server)
         return Response(s.ClusterMemberSerializer(member).data)
 
     @extend_schema(request=None, responses=s.ClusterMemberSerializer)
     @action(detail=True, methods=["post"])
     def detach(self, request: Request, pk: Any = None) -> Response:
         member = self.get_object()
-        member.server = None
-        member.save(update_fields=["server"])
+        services.detach(member)
         return Response(s.ClusterMemberSerializer(member).data)
 
 

@@ -9,14 +9,14 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.servers import recovery
+from apps.servers import services
 from apps.servers.api import serializers as s
 from apps.servers.filtersets import ModelServerFilterSet
 from apps.servers.models import ModelServer
 
 
 def _operator(request: Request) -> str:
-    return str(getattr(request.user, "username", None) or request.user)
+    return services.operator_name(request.user)
 
 
 class ModelServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -45,28 +45,28 @@ class ModelServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
         data = s.ServerChangeSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         server = self.get_object()
-        server.set_restart_policy(data.validated_data["restart_policy"])
+        services.set_restart_policy(server, data.validated_data["restart_policy"])
         return Response(s.ModelServerDetailSerializer(server).data)
 
     @extend_schema(request=None, responses={204: None})
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Delete a failed or stopped server; a failed one leaves a tombstone, so a copy still running on
         a node that was away is stopped when that node reports it."""
-        recovery.delete(self.get_object(), by=_operator(request))
+        services.delete(self.get_object(), by=_operator(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=None, responses={202: s.ModelServerDetailSerializer})
     @action(detail=True, methods=["post"])
     def stop(self, request: Request, pk: Any = None) -> Response:
         server = self.get_object()
-        server.request_stop(by=_operator(request))
+        services.stop(server, by=_operator(request))
         return Response(s.ModelServerDetailSerializer(server).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={202: s.ModelServerDetailSerializer})
     @action(detail=True, methods=["post"])
     def restart(self, request: Request, pk: Any = None) -> Response:
         """Start a failed server again on its own node (its headroom is checked there again)."""
-        server = recovery.restart(self.get_object(), by=_operator(request))
+        server = services.restart(self.get_object(), by=_operator(request))
         return Response(s.ModelServerDetailSerializer(server).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={202: s.ModelServerDetailSerializer})
@@ -74,5 +74,5 @@ class ModelServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     def replace(self, request: Request, pk: Any = None) -> Response:
         """Place a failed server again wherever the scheduler finds room; it keeps its identity, so its
         clusters and capabilities still name it."""
-        server = recovery.replace(self.get_object(), by=_operator(request))
+        server = services.replace(self.get_object(), by=_operator(request))
         return Response(s.ModelServerDetailSerializer(server).data, status=status.HTTP_202_ACCEPTED)

@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 
 from apps.alerts.models import Alert
 from apps.clusters.models import Capability, Cluster, ClusterMember, RoutingTier
-from apps.servers import recovery
+from apps.servers import recovery, services
 from apps.servers.models import ModelServer, ServerTombstone
 from apps.servers.scheduler import Request, place
 from apps.servers.tests.factories import cpu_node
@@ -378,7 +378,7 @@ def test_tombstones_are_read_only_in_the_admin(admin_client_):
     cpu_node("cpu-a", available_gib=8)
     server = failed()
     pk = server.pk  # a deleted instance forgets its primary key
-    recovery.delete(server, by="ops")
+    services.delete(server, by="ops")
     listing = admin_client_.get("/admin/servers/servertombstone/")
     assert listing.status_code == 200 and "echo" in listing.content.decode()
     assert admin_client_.get("/admin/servers/servertombstone/add/").status_code == 403

@@ -207,13 +207,13 @@ def test_a_process_the_books_never_saw_is_re_recorded_from_the_agent(
 def test_a_process_is_stopped_when_an_operator_deleted_its_server(
     celery_worker_process, agent_node, operator_client
 ):
-    from apps.servers import recovery
+    from apps.servers import services
     from apps.servers.models import ServerTombstone
     from apps.servers.tasks import reconcile
 
     server = place_and_run(operator_client, "echo-7", celery_worker_process)
     server.fail("NODE_OFFLINE", "its node went offline")  # the operator cannot reach it: deletes it anyway
-    recovery.delete(ModelServer.objects.get(pk=server.pk), by="alice")
+    services.delete(ModelServer.objects.get(pk=server.pk), by="alice")
     assert ServerTombstone.objects.filter(server_id=server.pk, deleted_by="alice").exists()
     assert answers(server)
     assert reconcile() == {**NOTHING, "stopped": 1}
