@@ -96,7 +96,3 @@ def delete(server: ModelServer, by: str) -> None:
         Alert.objects.clear_for([codes.ALERT_SERVER_FAILED], "server", str(server.pk))
         server.delete()
     logger.warning("server %s deleted by %s", server.name, by)
-
-
-# The recovery actions by name, as the dashboard's URLs and the admin's actions name them.
-RECOVERY_ACTIONS = {"restart": restart, "replace": replace, "delete": delete}

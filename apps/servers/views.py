@@ -138,7 +138,8 @@ def server_recover(request: HttpRequest, pk: str, action: str) -> HttpResponse:
             services.delete(server, by=by)
             messages.success(request, f"{server.name} deleted.")
             return redirect("servers:list")
-        server = services.RECOVERY_ACTIONS[action](server, by=by)
+        place_again = services.restart if action == "restart" else services.replace
+        server = place_again(server, by=by)
     except ApiError as exc:
         messages.error(request, f"{exc.code}: {exc.message}")
     else:

@@ -84,10 +84,12 @@ def test_detach_is_always_allowed_and_unlocks_membership():
 def test_a_server_serves_one_member_at_most():
     cluster, spare = locked_pair()
     attached = cluster.members.get(name="a")
-    refused = refusal(lambda: services.attach(spare, attached.server))
+    server = attached.server
+    assert server is not None
+    refused = refusal(lambda: services.attach(spare, server))
     assert (refused.code, refused.status) == ("VALIDATION_ERROR", 400)
     assert "already attached" in refused.message
-    services.attach(attached, attached.server)  # attaching it again where it is: no change, no refusal
+    services.attach(attached, server)  # attaching it again where it is: no change, no refusal
     spare.refresh_from_db()
     assert spare.server_id is None
 
@@ -192,7 +194,7 @@ def test_the_admin_writes_members_through_the_rules_and_attaches_last(admin_user
 
 
 def test_the_admin_hides_membership_edits_and_cluster_deletion_while_locked(admin_user_client):
-    cluster, spare = locked_pair()
+    cluster, _ = locked_pair()
     page = admin_user_client.get(f"/admin/clusters/cluster/{cluster.pk}/change/").content.decode()
     assert 'name="members-0-weight"' not in page  # read-only inline
     assert admin_user_client.get(f"/admin/clusters/cluster/{cluster.pk}/delete/").status_code == 403

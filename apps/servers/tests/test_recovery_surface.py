@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from django.contrib.auth.models import User
+from django.test import Client
 
 from apps.alerts.models import Alert
 from apps.clusters.models import Capability, Cluster, ClusterMember, RoutingTier
@@ -385,3 +386,39 @@ def test_tombstones_are_read_only_in_the_admin(admin_client_):
     view = admin_client_.get(f"/admin/servers/servertombstone/{pk}/change/")
     assert view.status_code == 200 and 'name="_save"' not in view.content.decode()
     assert admin_client_.get(f"/admin/servers/servertombstone/{pk}/delete/").status_code == 403
+
+
+# --- Stop, on every surface (apps.servers.services.stop) -------------------------------------------
+
+
+def test_stop_is_one_rule_the_api_the_dashboard_and_the_admin_apply_alike(operator_client, admin_client_):
+    staff = Client()
+    staff.force_login(User.objects.create_user("ops", is_staff=True))
+    cpu_node("cpu-a", available_gib=8)
+    broken, api_live, page_live, admin_live = failed("broken"), placed("a"), placed("b"), placed("c")
+
+    message = assert_envelope(
+        operator_client.post(f"/api/v1/servers/{broken.pk}/stop"), 409, "INVALID_SERVER_STATE"
+    )
+    assert "Server broken is failed; it cannot become stopping." in message
+    assert operator_client.post(f"/api/v1/servers/{api_live.pk}/stop").json()["state"] == "stopping"
+
+    page = staff.post(f"/servers/{broken.pk}/stop", follow=True).content.decode()
+    assert "INVALID_SERVER_STATE: Server broken is failed; it cannot become stopping." in page
+    assert "Stopping b." in staff.post(f"/servers/{page_live.pk}/stop", follow=True).content.decode()
+
+    # The admin's bulk action stops what may be stopped and leaves the rest as it is.
+    done = admin_client_.post(
+        "/admin/servers/modelserver/",
+        {"action": "stop_servers", "_selected_action": [broken.pk, admin_live.pk]},
+        follow=True,
+    ).content.decode()
+    assert "Stopping 1 server(s)." in done
+    states = dict(ModelServer.objects.values_list("name", "state"))
+    assert states == {"broken": "failed", "a": "stopping", "b": "stopping", "c": "stopping"}
+    by = dict(ModelServer.objects.filter(events__to_state="stopping").values_list("name", "events__detail"))
+    assert by == {
+        "a": "stop requested by operator-api-key",
+        "b": "stop requested by ops",
+        "c": "stop requested by root-ops",
+    }
