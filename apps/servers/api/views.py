@@ -15,10 +15,6 @@ from apps.servers.filtersets import ModelServerFilterSet
 from apps.servers.models import ModelServer
 
 
-def _operator(request: Request) -> str:
-    return services.operator_name(request.user)
-
-
 class ModelServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Model servers. Create = place + start (or a named refusal with every node's reason); stop; a failed
     server is restarted on its node, re-placed wherever there is room, or deleted; change its restart
@@ -52,21 +48,21 @@ class ModelServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         """Delete a failed or stopped server; a failed one leaves a tombstone, so a copy still running on
         a node that was away is stopped when that node reports it."""
-        services.delete(self.get_object(), by=_operator(request))
+        services.delete(self.get_object(), by=services.operator_name(request.user))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(request=None, responses={202: s.ModelServerDetailSerializer})
     @action(detail=True, methods=["post"])
     def stop(self, request: Request, pk: Any = None) -> Response:
         server = self.get_object()
-        services.stop(server, by=_operator(request))
+        services.stop(server, by=services.operator_name(request.user))
         return Response(s.ModelServerDetailSerializer(server).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={202: s.ModelServerDetailSerializer})
     @action(detail=True, methods=["post"])
     def restart(self, request: Request, pk: Any = None) -> Response:
         """Start a failed server again on its own node (its headroom is checked there again)."""
-        server = services.restart(self.get_object(), by=_operator(request))
+        server = services.restart(self.get_object(), by=services.operator_name(request.user))
         return Response(s.ModelServerDetailSerializer(server).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={202: s.ModelServerDetailSerializer})
@@ -74,5 +70,5 @@ class ModelServerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, views
     def replace(self, request: Request, pk: Any = None) -> Response:
         """Place a failed server again wherever the scheduler finds room; it keeps its identity, so its
         clusters and capabilities still name it."""
-        server = services.replace(self.get_object(), by=_operator(request))
+        server = services.replace(self.get_object(), by=services.operator_name(request.user))
         return Response(s.ModelServerDetailSerializer(server).data, status=status.HTTP_202_ACCEPTED)
