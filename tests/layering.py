@@ -173,7 +173,7 @@ def tables_in(tree: ast.Module) -> Iterator[tuple[int, str, str]]:
     docstrings = _docstrings(tree)
     for node in ast.walk(tree):
         text = _string(node)
-        if text is None or id(node) in docstrings:
+        if text is None or id(node) in docstrings or not isinstance(node, ast.expr):
             continue
         for match in SQL_TABLE.finditer(text):
             table = match.group(1).lower()
