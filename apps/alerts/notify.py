@@ -32,11 +32,11 @@ from apps.alerts.choices import (
     NotificationState,
     Severity,
 )
+from apps.alerts.codes import NOTIFICATION_FAILED, NOTIFICATION_TEST
 from apps.alerts.models import Alert, Notification, NotificationChannel
 
 logger = logging.getLogger("apps.alerts.notify")
 
-NOTIFICATION_FAILED = "NOTIFICATION_FAILED"
 BATCH = 100
 BATCHES_PER_SWEEP = 10
 LOOKBACK = timedelta(days=1)  # events older than this when first seen are history, not news
@@ -169,7 +169,7 @@ def send_test(channel: NotificationChannel) -> None:
     event = {
         "event": "test",
         "alert_id": None,
-        "code": "NOTIFICATION_TEST",
+        "code": NOTIFICATION_TEST,
         "severity": Severity.INFO.value,
         "subject_type": "notification_channel",
         "subject_id": str(channel.pk),

@@ -6,6 +6,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from apps.alerts import codes
 from apps.alerts.filtersets import AlertFilterSet
 from apps.alerts.models import Alert
 from modelforge.errors import describe_validation
@@ -73,7 +74,7 @@ def channel_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
         try:
             notify.send_test(channel)
         except notify.DeliveryFailed as exc:
-            messages.error(request, f"{notify.NOTIFICATION_FAILED}: channel {channel.name}: {exc}")
+            messages.error(request, f"{codes.NOTIFICATION_FAILED}: channel {channel.name}: {exc}")
         else:
             messages.success(request, f"Test message delivered through {channel.name}.")
     elif action in ("enable", "disable"):

@@ -26,15 +26,8 @@ from apps.alerts.models import Alert
 from apps.clusters.models import Capability
 from apps.embedding_migrations import codes
 from apps.embedding_migrations.adapters.base import AdapterError
-from apps.embedding_migrations.models import (
-    FINAL_STAGES,
-    RUNNING_STAGES,
-    ConsumerAlias,
-    Cutover,
-    EmbeddingSpace,
-    Stage,
-    VectorStore,
-)
+from apps.embedding_migrations.choices import FINAL_STAGES, RUNNING_STAGES, Stage
+from apps.embedding_migrations.models import ConsumerAlias, Cutover, EmbeddingSpace, VectorStore
 from apps.embedding_migrations.records import (
     SUBJECT,
     braces,

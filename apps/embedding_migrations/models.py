@@ -11,13 +11,7 @@ from django.db import models
 from django.utils import timezone
 
 from apps.clusters.models import Capability, ClientCredential
-
-
-class Pooling(models.TextChoices):
-    MEAN = "mean", "Mean"
-    CLS = "cls", "CLS token"
-    LAST = "last", "Last token"
-    UNKNOWN = "unknown", "Not declared"
+from apps.embedding_migrations.choices import Pooling, Stage
 
 
 class EmbeddingSpace(models.Model):
@@ -109,25 +103,6 @@ class ConsumerAlias(models.Model):
 
     def __str__(self) -> str:
         return f"{self.store}/{self.name}"
-
-
-class Stage(models.TextChoices):
-    PLANNED = "planned", "Planned"
-    PROVISIONING = "provisioning", "Provisioning"
-    REINDEXING = "reindexing", "Reindexing"
-    VERIFYING = "verifying", "Verifying"
-    READY_TO_CUT = "ready_to_cut", "Ready to cut"
-    CUTTING_OVER = "cutting_over", "Cutting over"
-    COMPLETED = "completed", "Completed"
-    ROLLED_BACK = "rolled_back", "Rolled back"
-    FAILED = "failed", "Failed"
-
-
-# Stages a task works in. Each touches the store: provisioning creates the target, reindexing writes it,
-# verifying builds its search index (at the first alias onto it) and queries it, cutting over swaps.
-RUNNING_STAGES = (Stage.PROVISIONING, Stage.REINDEXING, Stage.VERIFYING, Stage.CUTTING_OVER)
-FINAL_STAGES = (Stage.COMPLETED, Stage.ROLLED_BACK)
-UNFINISHED = [s for s in Stage.values if s not in FINAL_STAGES]
 
 
 class Cutover(models.Model):

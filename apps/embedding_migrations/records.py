@@ -12,12 +12,8 @@ from apps.alerts.models import Alert
 from apps.clusters.models import Capability
 from apps.embedding_migrations import codes
 from apps.embedding_migrations.adapters.base import AdapterError
-from apps.embedding_migrations.models import (
-    ConsumerAlias,
-    Cutover,
-    CutoverEvent,
-    Stage,
-)
+from apps.embedding_migrations.choices import Stage
+from apps.embedding_migrations.models import ConsumerAlias, Cutover, CutoverEvent
 from modelforge.errors import ApiError
 
 logger = logging.getLogger(__name__)

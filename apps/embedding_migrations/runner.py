@@ -21,10 +21,8 @@ from apps.alerts.models import Alert
 from apps.clusters.models import ClientCredential
 from apps.embedding_migrations import codes
 from apps.embedding_migrations.adapters.base import AdapterError, Row
-from apps.embedding_migrations.models import (
-    Cutover,
-    Stage,
-)
+from apps.embedding_migrations.choices import Stage
+from apps.embedding_migrations.models import Cutover
 from apps.embedding_migrations.records import SUBJECT, LostRun, braces, lock_cutover, move, switch_books
 from apps.embedding_migrations.spaces import is_vector, norm
 

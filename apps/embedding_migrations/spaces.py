@@ -14,13 +14,8 @@ from django.utils import timezone
 
 from apps.clusters.models import Capability
 from apps.embedding_migrations import codes
-from apps.embedding_migrations.models import (
-    FINAL_STAGES,
-    ConsumerAlias,
-    Cutover,
-    EmbeddingSpace,
-    Pooling,
-)
+from apps.embedding_migrations.choices import FINAL_STAGES, Pooling
+from apps.embedding_migrations.models import ConsumerAlias, Cutover, EmbeddingSpace
 from apps.servers.models import ModelServer
 from modelforge.errors import ApiError
 from modelforge.errors import codes as error_codes

@@ -15,7 +15,8 @@ from django.views.decorators.http import require_POST
 
 from apps.clusters.models import Capability
 from apps.embedding_migrations import engine
-from apps.embedding_migrations.models import ConsumerAlias, Cutover, EmbeddingSpace, Stage, VectorStore
+from apps.embedding_migrations.choices import Stage
+from apps.embedding_migrations.models import ConsumerAlias, Cutover, EmbeddingSpace, VectorStore
 from modelforge.errors import ApiError
 from modelforge.validators import checked_text
 

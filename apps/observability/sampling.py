@@ -23,12 +23,12 @@ from django.utils import timezone
 from apps.alerts.choices import Severity
 from apps.alerts.models import Alert
 from apps.nodes.models import GPU, Node
+from apps.observability.codes import OBSERVABILITY_DEGRADED
 from apps.observability.models import HostSample, TelemetrySample, TrafficSample
 from modelforge.dbrouter import OBSERVABILITY
 
 logger = logging.getLogger("apps.observability")
 
-OBSERVABILITY_DEGRADED = "OBSERVABILITY_DEGRADED"
 _SUBJECT = ("observability", "telemetry", "monitoring store")
 
 

@@ -6,7 +6,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.alerts import notify
+from apps.alerts import codes, notify
 from apps.alerts.api.serializers import AlertSerializer, NotificationChannelSerializer, NotificationSerializer
 from apps.alerts.filtersets import AlertFilterSet
 from apps.alerts.models import Alert, Notification, NotificationChannel
@@ -45,7 +45,7 @@ class NotificationChannelViewSet(viewsets.ModelViewSet):
         try:
             notify.send_test(channel)
         except notify.DeliveryFailed as exc:
-            raise ApiError(notify.NOTIFICATION_FAILED, f"Channel {channel.name}: {exc}", 502) from None
+            raise ApiError(codes.NOTIFICATION_FAILED, f"Channel {channel.name}: {exc}", 502) from None
         channel.refresh_from_db()
         return Response(NotificationChannelSerializer(channel).data)
 

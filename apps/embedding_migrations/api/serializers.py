@@ -6,14 +6,8 @@ from rest_framework import serializers
 
 from apps.clusters.models import CAPABILITY, Capability
 from apps.embedding_migrations.adapters.base import NAME
-from apps.embedding_migrations.models import (
-    ConsumerAlias,
-    Cutover,
-    CutoverEvent,
-    EmbeddingSpace,
-    Pooling,
-    VectorStore,
-)
+from apps.embedding_migrations.choices import Pooling
+from apps.embedding_migrations.models import ConsumerAlias, Cutover, CutoverEvent, EmbeddingSpace, VectorStore
 from modelforge.validators import PrintableText
 
 

@@ -19,7 +19,8 @@ from apps.clusters.models import Capability
 from apps.embedding_migrations import engine, runner, spaces
 from apps.embedding_migrations.adapters.base import Row
 from apps.embedding_migrations.adapters.pgvector import PgvectorAdapter
-from apps.embedding_migrations.models import ConsumerAlias, Cutover, EmbeddingSpace, Stage, VectorStore
+from apps.embedding_migrations.choices import Stage
+from apps.embedding_migrations.models import ConsumerAlias, Cutover, EmbeddingSpace, VectorStore
 from apps.embedding_migrations.tests.stores import scratch_vector_dsn
 
 pytestmark = pytest.mark.django_db

@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.nodes.models import Node
-from apps.observability import sampling
+from apps.observability import codes, sampling
 from apps.observability.models import HostSample, TelemetrySample, TrafficSample
 from modelforge.errors import ApiError
 from modelforge.openapi import NOT_BLANK
@@ -78,7 +78,7 @@ class NodeTelemetryView(APIView):
             hosts = sampling.host_history(node.pk, since)
         except sampling.ObservabilityUnavailable as exc:
             raise ApiError(
-                sampling.OBSERVABILITY_DEGRADED,
+                codes.OBSERVABILITY_DEGRADED,
                 f"Monitoring persistence is unavailable ({exc}); telemetry history cannot be read. "
                 "The node's current reading is in GET /api/v1/nodes/{id}.",
                 503,
@@ -129,7 +129,7 @@ class TrafficView(APIView):
             rows = sampling.traffic(since, query.validated_data.get("backend"))
         except sampling.ObservabilityUnavailable as exc:
             raise ApiError(
-                sampling.OBSERVABILITY_DEGRADED,
+                codes.OBSERVABILITY_DEGRADED,
                 f"Monitoring persistence is unavailable ({exc}); traffic history cannot be read. "
                 "The last minutes are on each cluster's load-balancer card.",
                 503,
