@@ -1,14 +1,14 @@
 """The agent's settings: ``MODELFORGE_AGENT_*`` environment variables, read strictly.
 
 Every problem is collected (never first-fail), each with a code and the setting at fault, and the agent
-refuses to start with the whole list — the control plane's settings behave the same way. Any setting may
-instead be read from the file named by ``<NAME>_FILE`` (meant for the enrollment token and the cluster
-secret, mounted as Docker/Kubernetes secrets); setting both is itself a problem.
+refuses to start with the whole list. The reading rules are the control plane's too, in one shared module
+(``agent/envreader.py``): whitespace trimmed, empty means unset, ``<NAME>_FILE`` for any setting (meant
+for the enrollment token and the cluster secret, mounted as Docker/Kubernetes secrets; setting both, or
+naming an unreadable or empty file, is a problem), choices matched exactly, case included.
 """
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import re
 import socket
@@ -16,6 +16,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from agent import envreader
+from agent.envreader import (
+    INVALID_SETTING,
+    MISSING_REQUIRED_SETTING,
+    EnvReader,
+    Problem,
+    Program,
+)
 
 PREFIX = "MODELFORGE_AGENT_"
 CONTROL_PLANE_URL = "MODELFORGE_AGENT_CONTROL_PLANE_URL"
@@ -31,16 +40,20 @@ MODELS_DIR = "MODELFORGE_AGENT_MODELS_DIR"
 ADVERTISE_HOST = "MODELFORGE_AGENT_ADVERTISE_HOST"
 LOG_LEVEL = "MODELFORGE_AGENT_LOG_LEVEL"
 
-MISSING_REQUIRED_SETTING = "MISSING_REQUIRED_SETTING"
-INVALID_SETTING = "INVALID_SETTING"
 PLACEHOLDER_CONTROL_PLANE_URL = "PLACEHOLDER_CONTROL_PLANE_URL"
-UNKNOWN_SETTING = "UNKNOWN_SETTING"
 
 # MODELFORGE_AGENT_* names that are not the agent's but are legitimately in its environment: the control
 # plane's timeout for calls to agents (make run hands the local agent the control plane's environment)
 # and Compose's interpolation of the agent container's shared memory. Every name the reader is asked for,
 # and its _FILE, is known without being listed.
 KNOWN_ELSEWHERE = frozenset({"MODELFORGE_AGENT_CALL_TIMEOUT", "MODELFORGE_AGENT_SHM_SIZE"})
+AGENT = Program(
+    prefix=PREFIX,
+    title="modelforge-agent",
+    docs="agent/README.md",
+    no_match="no agent setting of that name exists",
+    known_elsewhere=KNOWN_ELSEWHERE,
+)
 
 DEFAULT_STATE_VOLUME = "/var/lib/modelforge-agent"
 DEFAULT_LISTEN_HOST = "0.0.0.0"  # noqa: S104 -- the control plane must reach the agent's port
@@ -73,21 +86,8 @@ PLACEHOLDER_MARKERS = (
 )
 
 
-@dataclass(frozen=True)
-class Problem:
-    """One configuration problem: a code, the setting at fault, and what is wrong and what to do."""
-
-    code: str
-    setting: str
-    message: str
-
-    def line(self) -> str:
-        return f"- [{self.code}] {self.setting}: {self.message}"
-
-
 def refusal_text(problems: list[Problem]) -> str:
-    header = f"modelforge-agent refused to start: {len(problems)} configuration problem(s) must be resolved."
-    return "\n".join([header, *(problem.line() for problem in problems)])
+    return envreader.refusal_text("modelforge-agent", problems)
 
 
 @dataclass(frozen=True)
@@ -127,99 +127,11 @@ def is_placeholder(value: str) -> bool:
     return host == "example" or host.endswith(".example")
 
 
-class _Reader:
-    """Reads one environment mapping; a parse failure becomes a ``Problem``, never an exception."""
+class _Reader(EnvReader):
+    """The shared strict reader (agent/envreader.py) over the agent's ``MODELFORGE_AGENT_*`` names."""
 
     def __init__(self, environ: Mapping[str, str]) -> None:
-        self.environ = environ
-        self.problems: list[Problem] = []
-        self.asked: set[str] = set()
-
-    def problem(self, code: str, setting: str, message: str) -> None:
-        self.problems.append(Problem(code, setting, message))
-
-    def reported(self, name: str) -> bool:
-        """Whether a problem about ``name`` (or its ``_FILE``) was already recorded."""
-        return any(problem.setting in (name, f"{name}_FILE") for problem in self.problems)
-
-    def raw(self, name: str) -> str | None:
-        """The value of ``name`` or of the file named by ``<name>_FILE``; ``None`` when unset or empty."""
-        self.asked.update((name, f"{name}_FILE"))
-        direct = self.environ.get(name, "").strip()
-        file_name = self.environ.get(f"{name}_FILE", "").strip()
-        if direct and file_name:
-            self.problem(INVALID_SETTING, name, f"both {name} and {name}_FILE are set; set exactly one")
-            return None
-        if file_name:
-            try:
-                value = Path(file_name).read_text(encoding="utf-8").strip()
-            except (OSError, UnicodeDecodeError) as exc:
-                reason = getattr(exc, "strerror", None) or str(exc)
-                self.problem(
-                    INVALID_SETTING,
-                    f"{name}_FILE",
-                    f"cannot read {file_name!r} ({reason}); mount the file or fix the path",
-                )
-                return None
-            if not value:
-                self.problem(INVALID_SETTING, f"{name}_FILE", f"{file_name!r} is empty")
-                return None
-            return value
-        return direct or None
-
-    def report_unknown(self) -> None:
-        """An ``UNKNOWN_SETTING`` for each ``MODELFORGE_AGENT_*`` name nothing read, naming the closest
-        known name: a misspelt setting would otherwise be ignored and its default used silently."""
-        known = self.asked | KNOWN_ELSEWHERE
-        candidates = sorted(known)
-        for name in sorted(self.environ):
-            if not name.startswith(PREFIX) or name in known:
-                continue
-            # Compared without the shared prefix, which would make every name look alike.
-            by_suffix = {known_name.removeprefix(PREFIX): known_name for known_name in candidates}
-            close = difflib.get_close_matches(name.removeprefix(PREFIX), sorted(by_suffix), n=1, cutoff=0.6)
-            hint = f"did you mean {by_suffix[close[0]]}?" if close else "no agent setting of that name exists"
-            self.problem(
-                UNKNOWN_SETTING,
-                name,
-                f"is not a modelforge-agent setting and is ignored; {hint} (agent/README.md lists them all)",
-            )
-
-    def integer(self, name: str, default: int, minimum: int, maximum: int) -> int:
-        value = self.raw(name)
-        if value is None:
-            return default
-        try:
-            number = int(value)
-        except ValueError:
-            self.problem(INVALID_SETTING, name, f"{value!r} is not a whole number")
-            return default
-        if not minimum <= number <= maximum:
-            self.problem(
-                INVALID_SETTING,
-                name,
-                f"{number} is out of range; use a value between {minimum} and {maximum}",
-            )
-            return default
-        return number
-
-    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
-        value = self.raw(name)
-        if value is None:
-            return default
-        normalised = value.lower() if choices[0].islower() else value.upper()
-        if normalised not in choices:
-            self.problem(INVALID_SETTING, name, f"{value!r} is not one of {', '.join(choices)}")
-            return default
-        return normalised
-
-    def path(self, name: str, default: Path) -> Path:
-        value = self.raw(name)
-        if value is None:
-            return default
-        if not Path(value).is_absolute():
-            self.problem(INVALID_SETTING, name, f"{value!r} is not an absolute path")
-        return Path(value)
+        super().__init__(environ, AGENT)
 
 
 def _control_plane_url(read: _Reader) -> str:
@@ -239,19 +151,10 @@ def _control_plane_url(read: _Reader) -> str:
             "this node reaches the control plane",
         )
         return ""
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018 -- raises ValueError on a port that is not a number
-    except ValueError as exc:
-        read.problem(INVALID_SETTING, CONTROL_PLANE_URL, f"{value!r} is not a valid URL ({exc})")
+    expected = "an http:// or https:// URL with a host name"
+    if not read.check_url(CONTROL_PLANE_URL, value, schemes=("http", "https"), expected=expected):
         return ""
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        read.problem(
-            INVALID_SETTING,
-            CONTROL_PLANE_URL,
-            f"{value!r} is not an http:// or https:// URL with a host name",
-        )
-        return ""
+    parts = urlsplit(value)
     if parts.query or parts.fragment or parts.username or parts.password:
         read.problem(
             INVALID_SETTING,
@@ -333,9 +236,12 @@ def load_settings(environ: Mapping[str, str]) -> tuple[AgentSettings | None, lis
         )
 
     listen_host = _host(read, LISTEN_HOST, read.raw(LISTEN_HOST) or DEFAULT_LISTEN_HOST, advertised=False)
-    port = read.integer(PORT, DEFAULT_PORT, 1, 65535)
+    port = read.integer(PORT, DEFAULT_PORT, minimum=1, maximum=65535)
     interval = read.integer(
-        HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_INTERVAL_S, MIN_HEARTBEAT_INTERVAL_S, MAX_HEARTBEAT_INTERVAL_S
+        HEARTBEAT_INTERVAL,
+        DEFAULT_HEARTBEAT_INTERVAL_S,
+        minimum=MIN_HEARTBEAT_INTERVAL_S,
+        maximum=MAX_HEARTBEAT_INTERVAL_S,
     )
     name = read.raw(NAME) or hostname
     if not NODE_NAME.match(name):

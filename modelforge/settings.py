@@ -13,7 +13,6 @@ from pathlib import Path
 
 import environ
 
-from apps.servers.profiles import load_profiles
 from modelforge import startup
 from modelforge.config import INVALID_SETTING, SettingsReader
 
@@ -100,11 +99,10 @@ ENROLLMENT_TOKEN_TTL = read.integer("MODELFORGE_ENROLLMENT_TOKEN_TTL", 3600, min
 AGENT_CALL_TIMEOUT = read.integer("MODELFORGE_AGENT_CALL_TIMEOUT", 10, minimum=1, maximum=300)
 CLUSTER_SECRET = read.string("MODELFORGE_CLUSTER_SECRET")
 
-# Model servers: runtime profiles are manifests under config/runtimes (mounted in deployment).
+# Model servers: runtime profiles are manifests under config/runtimes (mounted in deployment). The
+# servers app loads and validates them when it is ready (apps/servers/apps.py): their problems join
+# MODELFORGE_CONFIG_PROBLEMS before any entry point checks it.
 CONFIG_DIR = Path(read.string("MODELFORGE_CONFIG_DIR", str(BASE_DIR / "config")) or "").resolve()
-RUNTIME_PROFILES, _profile_problems = load_profiles(CONFIG_DIR)
-for _problem in _profile_problems:
-    read.problem(_problem.code, _problem.where, _problem.message)
 # The node co-located with the control plane: the only one local-node-only servers (GGUF, encrypted
 # weights) may run on. make run names its own node here.
 LOCAL_NODE = read.string("MODELFORGE_LOCAL_NODE")

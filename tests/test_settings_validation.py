@@ -185,6 +185,16 @@ def test_a_secret_set_both_ways_is_invalid_and_nothing_else(tmp_path: Path):
     assert problems_for(env) == [(INVALID_SETTING, "MODELFORGE_SECRET_KEY")]
 
 
+def test_an_empty_secret_file_is_invalid_and_named(tmp_path: Path):
+    """It was read as an empty key: neither missing (the _FILE was set) nor judged (empty), so production
+    started on the published development key. The agent refused an empty file already; both do now."""
+    key_file = tmp_path / "key"
+    key_file.write_text("\n")
+    env = good_production_env(MODELFORGE_SECRET_KEY_FILE=str(key_file))
+    del env["MODELFORGE_SECRET_KEY"]
+    assert problems_for(env) == [(INVALID_SETTING, "MODELFORGE_SECRET_KEY_FILE")]
+
+
 def test_development_reports_the_same_secret_problems_but_not_its_own_defaults():
     env = {"MODELFORGE_DATABASE_URL": "postgres://modelforge:postgres@127.0.0.1:5432/modelforge"}
     assert sorted(problems_for(env, production=False)) == sorted(

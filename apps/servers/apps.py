@@ -9,4 +9,18 @@ class ServersConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from apps.servers import lifecycle  # noqa: F401 -- connects the node-offline receiver
+        from django.conf import settings
+
+        from apps.servers import (
+            lifecycle,  # noqa: F401 -- connects the node-offline receiver
+            profiles,
+        )
+        from modelforge.config import Problem
+
+        # The runtime profiles load here, not while the settings load (settings import no app). Their
+        # problems (INVALID_MANIFEST, CONFIG_NOT_MOUNTED) join the configuration's, which every entry
+        # point checks after django.setup(): production refuses to start on a bad manifest, as before.
+        settings.MODELFORGE_CONFIG_PROBLEMS.extend(
+            Problem(problem.code, problem.where, problem.message)
+            for problem in profiles.install(settings.CONFIG_DIR)
+        )

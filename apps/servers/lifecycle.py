@@ -23,6 +23,7 @@ from apps.nodes.signals import nodes_went_offline
 from apps.servers import codes
 from apps.servers.choices import ServerState
 from apps.servers.models import ModelServer, Reservation, ServerEvent, ServerTombstone
+from apps.servers.profiles import runtime_profiles
 from apps.servers.signals import server_state_changed
 from modelforge.dispatch import send_on_commit
 from modelforge.errors import ApiError
@@ -38,7 +39,7 @@ def launch(server: ModelServer) -> None:
     """
     node = server.node
     assert node is not None
-    profile = settings.RUNTIME_PROFILES.get(server.profile)
+    profile = runtime_profiles().get(server.profile)
     if profile is None:
         server.fail(codes.LAUNCH_FAILED, f"Runtime profile {server.profile!r} is no longer configured.")
         return

@@ -1,8 +1,11 @@
 """Runtime profiles: manifests in ``config/runtimes/*.toml`` saying how to run a model server.
 
-Loaded once at start-up and validated strictly: every problem is reported with its file and field,
-and a ``config/`` that is missing or empty is named as not mounted. Pure Python (stdlib ``tomllib``),
-so settings can load it before Django starts.
+Loaded once per process, when the servers app is ready (``ServersConfig.ready``, before any entry point's
+start-up check; ``runtime_profiles()`` answers them), and validated strictly: every problem is reported
+with its file and field, and a ``config/`` that is missing or empty is named as not mounted. The
+manifest's shape is declared as msgspec structs (``Manifest`` and its tables): each field's type, default
+and constraint is there, and ``_check`` converts field by field so that every wrong field of a file is
+reported, not only the first. The rules that span fields (``_RULES``) run on the fields that converted.
 
 A profile::
 
@@ -27,14 +30,21 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-ENGINES = ("vllm", "llamacpp", "embeddings", "test")
-ACCELERATORS = ("nvidia", "cpu")
-MEMORY_RULES = ("fixed", "weights_factor")
-READY_CHECKS = ("none", "chat", "embeddings")
+import msgspec
+
+Engine = Literal["vllm", "llamacpp", "embeddings", "test"]
+Accelerator = Literal["nvidia", "cpu"]
+MemoryRule = Literal["fixed", "weights_factor"]
+ReadyCheck = Literal["none", "chat", "embeddings"]
+ENGINES: tuple[str, ...] = get_args(Engine)
+ACCELERATORS: tuple[str, ...] = get_args(Accelerator)
+MEMORY_RULES: tuple[str, ...] = get_args(MemoryRule)
+READY_CHECKS: tuple[str, ...] = get_args(ReadyCheck)
 PLACEHOLDERS = (
     "{python}",
     "{port}",
@@ -48,6 +58,44 @@ GIB = 2**30
 
 CONFIG_NOT_MOUNTED = "CONFIG_NOT_MOUNTED"
 INVALID_MANIFEST = "INVALID_MANIFEST"
+
+# A constraint's description is the problem's message when a value of the right type breaks it.
+ProfileName = Annotated[
+    str,
+    msgspec.Meta(pattern=r"^[-_.]*[^\W_][-\w.]*$", description="use letters, digits, '-', '_' and '.' only"),
+]
+NotNegative = Annotated[float, msgspec.Meta(ge=0, description="must not be negative")]
+HealthPath = Annotated[str, msgspec.Meta(pattern="^/", description="must start with '/'")]
+
+
+# Each table of a manifest: any key it does not declare is refused ("is not a known field").
+class MemorySpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    rule: MemoryRule
+    per_gpu_gib: float = 0  # the fixed rule: required and positive (_RULES)
+    weights_factor: float = 1.2  # the weights_factor rule: at least 1 (_RULES)
+    overhead_gib: NotNegative = 0.5
+
+
+class ShmSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    min_gib: NotNegative = 0
+
+
+class LaunchSpec(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    command: str
+    args: list[str] = []
+    health_path: HealthPath = "/health"
+    ready_check: ReadyCheck = "none"
+    env: dict[str, str] = {}
+
+
+class Manifest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    name: ProfileName
+    engine: Engine
+    accelerator: Accelerator
+    memory: MemorySpec
+    launch: LaunchSpec
+    shm: ShmSpec = ShmSpec()
+    local_node_only: bool | None = None  # unset: true for llamacpp, false otherwise
 
 
 @dataclass(frozen=True)
@@ -100,6 +148,30 @@ class ProfileProblem:
     message: str
 
 
+_installed: dict[str, RuntimeProfile] | None = None
+
+
+def install(config_dir: Path) -> list[ProfileProblem]:
+    """Load the profiles under ``config_dir`` as this process's own; return their problems.
+
+    ``ServersConfig.ready`` calls it once per process, so that start-up validation reports the problems.
+    """
+    global _installed
+    _installed, problems = load_profiles(config_dir)
+    return problems
+
+
+def runtime_profiles() -> dict[str, RuntimeProfile]:
+    """This process's runtime profiles by name: those ``install`` loaded when the servers app became
+    ready (a bad file is left out and was reported at start-up)."""
+    if _installed is None:  # no app registry in this process: load them now, from the settings
+        from django.conf import settings
+
+        install(settings.CONFIG_DIR)
+    assert _installed is not None
+    return _installed
+
+
 def load_profiles(config_dir: Path) -> tuple[dict[str, RuntimeProfile], list[ProfileProblem]]:
     """Every profile under ``config_dir/runtimes``, and every problem found (never the first only)."""
     runtimes = config_dir / "runtimes"
@@ -125,9 +197,10 @@ def load_profiles(config_dir: Path) -> tuple[dict[str, RuntimeProfile], list[Pro
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             problems.append(ProfileProblem(INVALID_MANIFEST, str(path), f"cannot be parsed: {exc}"))
             continue
-        profile = _profile(path, data, problems)
-        if profile is None:
+        manifest = _check(path, data, problems)
+        if manifest is None:
             continue
+        profile = _profile(path, manifest)
         if profile.name in profiles:
             problems.append(
                 ProfileProblem(
@@ -141,110 +214,147 @@ def load_profiles(config_dir: Path) -> tuple[dict[str, RuntimeProfile], list[Pro
     return profiles, problems
 
 
-class _Reader:
-    """Reads typed fields of one manifest, recording each problem with its file and field."""
-
-    def __init__(self, path: Path, data: dict[str, Any], problems: list[ProfileProblem]) -> None:
-        self.path, self.data, self.problems = path, data, problems
-        self.ok = True
-
-    def fail(self, field_name: str, message: str) -> None:
-        self.ok = False
-        self.problems.append(ProfileProblem(INVALID_MANIFEST, f"{self.path}: {field_name}", message))
-
-    def get(self, dotted: str, kind: type | tuple[type, ...], default: Any = ..., choices: tuple = ()) -> Any:
-        node: Any = self.data
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:
-                if default is ...:
-                    self.fail(dotted, "is required")
-                    return None
-                return default
-            node = node[part]
-        if isinstance(node, bool) and kind in (int, float, (int, float)):
-            self.fail(dotted, f"must be a number, not {node!r}")
-            return None
-        if not isinstance(node, kind):
-            expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            self.fail(dotted, f"must be {expected}, not {type(node).__name__}")
-            return None
-        if choices and node not in choices:
-            self.fail(dotted, f"{node!r} is not one of {', '.join(choices)}")
-            return None
-        return node
-
-    def unknown(self, section: dict[str, Any], allowed: set[str], prefix: str = "") -> None:
-        for key in sorted(set(section) - allowed):
-            self.fail(f"{prefix}{key}", "is not a known field")
+Fields = dict[str, Any]  # dotted field name -> its converted value (the fields that converted)
+Fail = Callable[[str, str], None]
 
 
-def _profile(path: Path, data: dict[str, Any], problems: list[ProfileProblem]) -> RuntimeProfile | None:
-    r = _Reader(path, data, problems)
-    r.unknown(data, {"name", "engine", "accelerator", "local_node_only", "memory", "shm", "launch"})
-    name = r.get("name", str)
-    if isinstance(name, str) and not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
-        r.fail("name", "use letters, digits, '-', '_' and '.' only")
-    engine = r.get("engine", str, choices=ENGINES)
-    accelerator = r.get("accelerator", str, choices=ACCELERATORS)
-    local_only = r.get("local_node_only", bool, default=engine == "llamacpp")
-    if engine == "llamacpp" and local_only is False:
-        r.fail("local_node_only", "llamacpp (GGUF) servers are local-node only; remove the field or set true")
-    for section, allowed in (
-        ("memory", {"rule", "per_gpu_gib", "weights_factor", "overhead_gib"}),
-        ("shm", {"min_gib"}),
-        ("launch", {"command", "args", "health_path", "env", "ready_check"}),
-    ):
-        value = data.get(section, {})
-        if isinstance(value, dict):
-            r.unknown(value, allowed, f"{section}.")
-    rule = r.get("memory.rule", str, choices=MEMORY_RULES)
-    per_gpu = r.get("memory.per_gpu_gib", (int, float), default=0) if rule == "fixed" else 0
-    if rule == "fixed" and (per_gpu is None or per_gpu <= 0):
-        r.fail("memory.per_gpu_gib", "the fixed rule needs a positive per_gpu_gib")
-    factor = r.get("memory.weights_factor", (int, float), default=1.2)
-    overhead = r.get("memory.overhead_gib", (int, float), default=0.5)
-    if rule == "weights_factor" and factor is not None and factor < 1:
-        r.fail("memory.weights_factor", "must be at least 1 (the weights themselves must fit)")
-    if overhead is not None and overhead < 0:
-        r.fail("memory.overhead_gib", "must not be negative")
-    shm = r.get("shm.min_gib", (int, float), default=0)
-    if shm is not None and shm < 0:
-        r.fail("shm.min_gib", "must not be negative")
-    command = r.get("launch.command", str)
-    args = r.get("launch.args", list, default=[])
-    if isinstance(args, list) and not all(isinstance(a, str) for a in args):
-        r.fail("launch.args", "every argument must be a string")
-    if isinstance(args, list) and "{port}" not in " ".join(str(a) for a in args):
-        r.fail("launch.args", "must pass {port}: the agent chooses the port the server listens on")
-    health = r.get("launch.health_path", str, default="/health")
-    if isinstance(health, str) and not health.startswith("/"):
-        r.fail("launch.health_path", "must start with '/'")
-    ready = r.get("launch.ready_check", str, default="none", choices=READY_CHECKS)
-    env = r.get("launch.env", dict, default={})
-    if isinstance(env, dict) and not all(isinstance(v, str) for v in env.values()):
-        r.fail("launch.env", "every value must be a string")
-    for field_name, texts in (
-        ("launch.command", [command] if isinstance(command, str) else []),
-        ("launch.args", [a for a in args if isinstance(a, str)] if isinstance(args, list) else []),
-        ("launch.env", [v for v in env.values() if isinstance(v, str)] if isinstance(env, dict) else []),
-    ):
-        unknown = sorted({m for t in texts for m in re.findall(r"\{[^{}]*\}", t)} - set(PLACEHOLDERS))
-        if unknown:
-            r.fail(
-                field_name, f"unknown placeholder(s) {', '.join(unknown)}; known: {', '.join(PLACEHOLDERS)}"
-            )
-    if not r.ok:
+def _check(path: Path, data: dict[str, Any], problems: list[ProfileProblem]) -> Manifest | None:
+    """The manifest, or ``None`` with every problem of the file recorded."""
+    found: list[ProfileProblem] = []
+
+    def fail(where: str, message: str) -> None:
+        found.append(ProfileProblem(INVALID_MANIFEST, f"{path}: {where}", message))
+
+    fields: Fields = {}
+    _convert_section(Manifest, data, "", fields, fail)
+    for rule in _RULES:
+        rule(fields, fail)
+    problems.extend(found)
+    if found:
         return None
+    return msgspec.convert(data, Manifest)
+
+
+def _convert_section(
+    section: type[msgspec.Struct], data: object, prefix: str, out: Fields, fail: Fail
+) -> None:
+    """Convert each field of ``section`` on its own (a missing one takes its default), so that one wrong
+    field does not hide the next; each failure is recorded with the field's dotted name."""
+    if not isinstance(data, dict):
+        fail(prefix.rstrip(".") or "(file)", f"must be a table, not {type(data).__name__}")
+        return
+    declared = {info.encode_name: info for info in msgspec.structs.fields(section)}
+    for key in sorted(set(data) - set(declared)):
+        fail(f"{prefix}{key}", "is not a known field")
+    for name, info in declared.items():
+        where = f"{prefix}{name}"
+        if isinstance(info.type, type) and issubclass(info.type, msgspec.Struct):
+            _convert_section(info.type, data.get(name, {}), f"{where}.", out, fail)
+        elif name in data:
+            try:
+                out[where] = msgspec.convert(data[name], info.type)
+            except msgspec.ValidationError as exc:
+                at, message = _explain(exc, data[name], info.type)
+                fail(where + at, message)
+        elif info.required:
+            fail(where, "is required")
+        else:
+            out[where] = info.default_factory() if info.default is msgspec.NODEFAULT else info.default
+
+
+def _explain(exc: msgspec.ValidationError, value: object, annotation: Any) -> tuple[str, str]:
+    """(where inside the field, what is wrong) for msgspec's error, in the manifest's own words."""
+    if get_origin(annotation) is Literal and isinstance(value, str):
+        return "", f"{value!r} is not one of {', '.join(get_args(annotation))}"
+    if get_origin(annotation) is Annotated:
+        base, *metas = get_args(annotation)
+        described = [
+            meta.description for meta in metas if isinstance(meta, msgspec.Meta) and meta.description
+        ]
+        if described and _converts(value, base):
+            return "", described[0]
+    text, _, at = str(exc).partition(" - at `$")
+    at = at.rstrip("`").replace("[...]", "")  # a dict value's key is not named by msgspec
+    wrong = re.fullmatch(r"Expected `(.+?)`, got `(.+?)`", text)
+    if wrong:
+        expected = wrong[1].removesuffix(" | null")  # an optional field's "unset" is no value to give
+        expected = "a number" if expected == "float" else expected
+        return at, f"must be {expected}, not {wrong[2]}"
+    return at, text
+
+
+def _converts(value: object, annotation: Any) -> bool:
+    try:
+        msgspec.convert(value, annotation)
+    except msgspec.ValidationError:
+        return False
+    return True
+
+
+# --- rules spanning fields: each sees only the fields that converted -----------------------------------
+
+
+def _llamacpp_is_local_only(fields: Fields, fail: Fail) -> None:
+    if fields.get("engine") == "llamacpp" and fields.get("local_node_only") is False:
+        fail("local_node_only", "llamacpp (GGUF) servers are local-node only; remove the field or set true")
+
+
+def _memory_rule_needs(fields: Fields, fail: Fail) -> None:
+    rule = fields.get("memory.rule")
+    if rule == "fixed" and fields.get("memory.per_gpu_gib", 1) <= 0:
+        fail("memory.per_gpu_gib", "the fixed rule needs a positive per_gpu_gib")
+    if rule == "weights_factor" and fields.get("memory.weights_factor", 1) < 1:
+        fail("memory.weights_factor", "must be at least 1 (the weights themselves must fit)")
+
+
+def _launch_passes_the_port(fields: Fields, fail: Fail) -> None:
+    if "launch.args" in fields and "{port}" not in " ".join(fields["launch.args"]):
+        fail("launch.args", "must pass {port}: the agent chooses the port the server listens on")
+
+
+def _placeholders_are_known(fields: Fields, fail: Fail) -> None:
+    for where in ("launch.command", "launch.args", "launch.env"):
+        unknown = sorted(set(_placeholders(fields.get(where))) - set(PLACEHOLDERS))
+        if unknown:
+            fail(where, f"unknown placeholder(s) {', '.join(unknown)}; known: {', '.join(PLACEHOLDERS)}")
+
+
+def _placeholders(value: str | list[str] | dict[str, str] | None) -> Iterator[str]:
+    if isinstance(value, dict):
+        texts = list(value.values())
+    elif isinstance(value, str):
+        texts = [value]
+    else:
+        texts = value or []
+    for text in texts:
+        yield from re.findall(r"\{[^{}]*\}", text)
+
+
+_RULES: tuple[Callable[[Fields, Fail], None], ...] = (
+    _llamacpp_is_local_only,
+    _memory_rule_needs,
+    _launch_passes_the_port,
+    _placeholders_are_known,
+)
+
+
+def _profile(path: Path, manifest: Manifest) -> RuntimeProfile:
+    memory, launch = manifest.memory, manifest.launch
+    local_only = (
+        manifest.engine == "llamacpp" if manifest.local_node_only is None else manifest.local_node_only
+    )
     return RuntimeProfile(
-        name=name,
-        engine=engine,
-        accelerator=accelerator,
-        local_node_only=bool(local_only),
-        memory_rule=rule,
-        per_gpu_bytes=int(float(per_gpu or 0) * GIB),
-        weights_factor=float(factor),
-        overhead_bytes=int(float(overhead) * GIB),
-        shm_bytes=int(float(shm) * GIB),
-        launch=LaunchTemplate(command, tuple(args), health, dict(env), ready or "none"),
+        name=manifest.name,
+        engine=manifest.engine,
+        accelerator=manifest.accelerator,
+        local_node_only=local_only,
+        memory_rule=memory.rule,
+        per_gpu_bytes=int(memory.per_gpu_gib * GIB) if memory.rule == "fixed" else 0,
+        weights_factor=memory.weights_factor,
+        overhead_bytes=int(memory.overhead_gib * GIB),
+        shm_bytes=int(manifest.shm.min_gib * GIB),
+        launch=LaunchTemplate(
+            launch.command, tuple(launch.args), launch.health_path, dict(launch.env), launch.ready_check
+        ),
         source=str(path),
     )

@@ -21,7 +21,7 @@ from apps.nodes.models import GPU, Node
 from apps.servers import codes
 from apps.servers.choices import HOLDING, ServerState
 from apps.servers.models import ModelServer, Reservation
-from apps.servers.profiles import GIB, RuntimeProfile
+from apps.servers.profiles import GIB, RuntimeProfile, runtime_profiles
 from modelforge.dispatch import send_on_commit
 from modelforge.errors import ApiError
 
@@ -91,9 +91,10 @@ class PlacementRefused(ApiError):
 
 
 def _profile(name: str) -> RuntimeProfile:
-    profile = settings.RUNTIME_PROFILES.get(name)
+    profiles = runtime_profiles()
+    profile = profiles.get(name)
     if profile is None:
-        known = ", ".join(sorted(settings.RUNTIME_PROFILES)) or "none (is config/ mounted?)"
+        known = ", ".join(sorted(profiles)) or "none (is config/ mounted?)"
         raise ApiError(codes.UNKNOWN_RUNTIME_PROFILE, f"No runtime profile {name!r}; known: {known}.", 400)
     return profile
 

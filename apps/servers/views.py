@@ -20,6 +20,7 @@ from apps.servers.api.serializers import PlaceRequestSerializer
 from apps.servers.choices import RestartPolicy
 from apps.servers.filtersets import ModelServerFilterSet
 from apps.servers.models import ModelServer
+from apps.servers.profiles import runtime_profiles
 from apps.servers.scheduler import PlacementRefused
 from apps.servers.usage import used_by
 from modelforge.errors import ApiError
@@ -68,7 +69,7 @@ def server_new(request: HttpRequest) -> HttpResponse:
             errors.update(form.errors if not errors else {})
     nodes = list(Node.objects.assignable().order_by("name"))
     context = {
-        "profiles": sorted(settings.RUNTIME_PROFILES.values(), key=lambda p: p.name),
+        "profiles": sorted(runtime_profiles().values(), key=lambda p: p.name),
         "restart_policies": RestartPolicy.choices,
         "nodes": nodes,
         "model_choices": _model_choices(nodes),

@@ -105,3 +105,66 @@ def test_production_refuses_to_start_without_its_config(tmp_path):
         f"- [CONFIG_NOT_MOUNTED] {tmp_path / 'nowhere' / 'runtimes'}: holds no runtime profile"
         in finished.stderr
     )
+
+
+def test_a_wrong_type_is_named_down_to_the_item_and_a_non_table_section_is_refused(tmp_path):
+    write(
+        tmp_path,
+        "types.toml",
+        """
+name = "types"
+engine = "test"
+accelerator = "cpu"
+local_node_only = "yes"
+shm = 4
+[memory]
+rule = "weights_factor"
+per_gpu_gib = true
+overhead_gib = -2
+[launch]
+command = "x"
+args = ["--port", "{port}", 3]
+""",
+    )
+    profiles, problems = load_profiles(tmp_path)
+    assert profiles == {}
+    assert sorted((p.where.split("/")[-1], p.message) for p in problems) == [
+        ("types.toml: launch.args[2]", "must be str, not int"),
+        ("types.toml: local_node_only", "must be bool, not str"),
+        ("types.toml: memory.overhead_gib", "must not be negative"),
+        ("types.toml: memory.per_gpu_gib", "must be a number, not bool"),
+        ("types.toml: shm", "must be a table, not int"),
+    ]
+
+
+def test_the_servers_app_loads_the_profiles_and_settings_import_no_app():
+    from apps.servers.profiles import runtime_profiles
+
+    assert {"test-echo", "vllm"} <= set(runtime_profiles())
+    code = (
+        "import sys, modelforge.settings; print(sorted(m for m in sys.modules if m.split('.')[0] == 'apps'))"
+    )
+    done = run_command([PYTHON, "-c", code], process_env())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.stack
+def test_production_refuses_to_start_on_a_bad_manifest(tmp_path):
+    write(tmp_path, "a.toml", (ROOT / "config" / "runtimes" / "test-echo.toml").read_text())
+    write(tmp_path, "b.toml", 'name = "b"\nengine = "tensorrt"\n')
+    env = process_env(
+        MODELFORGE_ENV="production",
+        MODELFORGE_CONFIG_DIR=str(tmp_path),
+        MODELFORGE_SECRET_KEY="p" * 64,
+        MODELFORGE_OPERATOR_API_KEY="o" * 40,
+        MODELFORGE_CLUSTER_SECRET="c" * 32,
+        MODELFORGE_ALLOWED_HOSTS="modelforge.example.org",
+        MODELFORGE_DATABASE_URL="postgres://modelforge:Str0ng-and-long@127.0.0.1:1/modelforge",
+        MODELFORGE_REDIS_URL="redis://127.0.0.1:1/0",
+    )
+    finished = run_command([PYTHON, "manage.py", "check"], env)
+    assert finished.returncode == 3
+    b = tmp_path / "runtimes" / "b.toml"
+    assert f"- [INVALID_MANIFEST] {b}: engine: 'tensorrt' is not one of vllm, llamacpp" in finished.stderr
+    assert f"- [INVALID_MANIFEST] {b}: launch.command: is required" in finished.stderr
