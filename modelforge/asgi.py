@@ -1,4 +1,4 @@
-"""ASGI entry point (gunicorn with uvicorn workers): Django, with the node heartbeat endpoint beside it."""
+"""ASGI entry point (gunicorn with uvicorn workers): Django, with the lean endpoints apps mount beside it."""
 
 import os
 from typing import Any
@@ -7,6 +7,7 @@ from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "modelforge.settings")
 
+from modelforge import lean
 from modelforge.startup import run_entry_checks
 
 # Refuses (exit 3) on bad configuration or an incompatible database, even when gunicorn is started
@@ -15,21 +16,23 @@ run_entry_checks("web")
 
 django_application = get_asgi_application()
 
-from apps.artifacts import agent_views as artifact_files  # noqa: E402 -- needs the app registry
-from apps.clusters.gateway import PREFIX as GATEWAY_PREFIX  # noqa: E402
-from apps.clusters.gateway import gateway  # noqa: E402
-from apps.nodes import fastpath  # noqa: E402
+# The lean endpoints apps mounted at ready() (modelforge.lean.route: agents' heartbeats, the artifact
+# store, the serving gateway), imported now, in the serving process.
+EXACT, PREFIXES = lean.routes()
 
 
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """Agents' heartbeats and the serving gateway (/v1/) go to their lean endpoints; the rest to Django."""
-    if scope["type"] == "http" and scope["path"] == fastpath.PATH:
-        await fastpath.endpoint(scope, receive, send)
-        return
-    if scope["type"] == "http" and scope["path"].startswith(artifact_files.PREFIX):
-        await artifact_files.serve(scope, receive, send)
-        return
-    if scope["type"] == "http" and scope["path"].startswith(GATEWAY_PREFIX):
-        await gateway(scope, receive, send)
-        return
+    """A path an app mounted a lean endpoint at goes to it (an exact path first, then the longest
+    prefix); the rest to Django. Inline rather than a call: one dict lookup, a startswith per prefix."""
+    if scope["type"] == "http":
+        path = scope["path"]
+        handler = EXACT.get(path)
+        if handler is None:
+            for prefix, candidate in PREFIXES:
+                if path.startswith(prefix):
+                    handler = candidate
+                    break
+        if handler is not None:
+            await handler(scope, receive, send)
+            return
     await django_application(scope, receive, send)

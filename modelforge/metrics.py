@@ -25,7 +25,7 @@ from rest_framework.views import APIView
 class PlatformCollector(Collector):
     def collect(self) -> Iterator[Any]:
         from apps.alerts.models import Alert
-        from apps.clusters.lbstate import read_bench_and_traffic
+        from apps.gateway.lbstate import read_bench_and_traffic
         from apps.nodes.models import Node
         from apps.servers.models import ModelServer
 

@@ -210,6 +210,7 @@ INSTALLED_APPS = [
     "apps.backups",
     "apps.observability",
     "apps.embedding_migrations",
+    "apps.gateway",  # the serving data path (/v1/), above the configuration it routes by
 ]
 
 MIDDLEWARE = [

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,7 @@ from asgiref.sync import sync_to_async
 
 from modelforge import auththrottle
 from modelforge.http_protocol import ZERO_COPY
-from modelforge.lean import Receive, Send, drain_unread_body
-from modelforge.logging import accept_or_generate
+from modelforge.lean import Receive, Send, correlate, drain_unread_body, refuse, request_headers
 
 PREFIX = "/api/v1/agent/artifacts/"
 ROUTE = re.compile(r"^/api/v1/agent/artifacts/(\d+)/files/(.+)$")
@@ -49,8 +47,8 @@ def _lookup(presented: str, pk: int, path: str) -> tuple[str | None, Path | None
 
 
 async def serve(scope: dict[str, Any], receive: Receive, send: Send) -> None:
-    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-    correlation_id = accept_or_generate(headers.get("x-correlation-id"))
+    headers = request_headers(scope)
+    correlation_id = correlate(headers)
     match = ROUTE.match(scope["path"])
     scheme, _, presented = headers.get("authorization", "").partition(" ")
     presented = presented.strip() if scheme.lower() == "bearer" else ""
@@ -66,31 +64,19 @@ async def serve(scope: dict[str, Any], receive: Receive, send: Send) -> None:
             if status == 401
             else "No such file of a ready artifact."
         )
-        extra = [(b"www-authenticate", b'Bearer realm="modelforge-agent"')] if status == 401 else []
+        extra = {"www-authenticate": 'Bearer realm="modelforge-agent"'} if status == 401 else {}
         if status == 401 and presented:  # an invalid credential counts; a valid node is never held up
             source = auththrottle.scope_source(scope)
             retry_after = await auththrottle.throttle.afailed(auththrottle.AGENT, source)
             if retry_after is not None:
                 blocked = auththrottle.refusal(auththrottle.NODE_CREDENTIAL, source, retry_after)
                 status, refusal, message = blocked.status, blocked.code, blocked.message
-                extra = [(b"retry-after", str(retry_after).encode())]
-        body = json.dumps({"code": refusal, "message": message, "correlation_id": correlation_id}).encode()
+                extra = {"retry-after": str(retry_after)}
         # A body sent here (nothing here takes one) is dropped first: a client still writing it reads the
         # refusal instead of a reset (modelforge.lean); past the bound, the connection closes.
         if not await drain_unread_body(receive, headers):
-            extra.append((b"connection", b"close"))
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"x-correlation-id", correlation_id.encode()),
-                    *extra,
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+            extra["connection"] = "close"
+        await refuse(send, status, str(refusal), message, correlation_id, extra)
         return
     size = file_path.stat().st_size
     ranged = RANGE.match(headers.get("range", ""))

@@ -7,3 +7,9 @@ class ArtifactsConfig(AppConfig):
     name = "apps.artifacts"
     label = "artifacts"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from modelforge import lean
+
+        # The store, served to agents beside Django (apps/artifacts/agent_views.py).
+        lean.route(prefix="/api/v1/agent/artifacts/", handler="apps.artifacts.agent_views.serve")

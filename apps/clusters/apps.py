@@ -2,14 +2,14 @@ from django.apps import AppConfig
 
 
 class ClustersConfig(AppConfig):
-    """Clusters, capabilities, routing tiers, client credentials: what the serving gateway routes by."""
+    """Clusters, capabilities, routing tiers, client credentials: what the serving gateway (apps/gateway)
+    routes by."""
 
     name = "apps.clusters"
     label = "clusters"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from apps.clusters import routing  # noqa: F401 -- connects the routing-table invalidation
         from apps.clusters.usage import server_usage
         from apps.servers.usage import register_usage
 

@@ -1,6 +1,6 @@
 """``CAPABILITY_UNSERVED``: a capability bound to routing tiers with no backend the gateway could use.
 
-Read from the same table the gateway routes with (``routing.build_table``), so the alert says exactly
+Read from the same bindings the gateway routes with (``bindings.read_bindings``), so the alert says exactly
 what clients see: 503 for every request to it. Cleared when a backend runs again or the capability
 loses its tiers.
 """
@@ -14,20 +14,18 @@ from django.utils import timezone
 from apps.alerts.choices import Severity
 from apps.alerts.models import Alert
 from apps.clusters import codes
+from apps.clusters.bindings import read_bindings
 from apps.clusters.models import Capability
-from apps.clusters.routing import build_table
 
 
 def check_capabilities(now: datetime | None = None) -> list[str]:
     """Raise for every unserved capability, clear the rest; returns the unserved capabilities' names."""
     now = now or timezone.now()
-    table = build_table()
+    bindings, _follows = read_bindings()
     ids = dict(Capability.objects.values_list("name", "pk"))
-    unserved = sorted(
-        name for name, bindings in table.bindings.items() if not any(b.backends for b in bindings)
-    )
+    unserved = sorted(name for name, tiers in bindings.items() if not any(b.backends for b in tiers))
     for name in unserved:
-        tiers = table.bindings[name]
+        tiers = bindings[name]
         what = ", ".join(
             sorted({f"cluster {b.cluster}" if b.cluster else "a standalone server" for b in tiers})
         )

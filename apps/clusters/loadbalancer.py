@@ -1,129 +1,26 @@
-"""The load-balancer card: configured share against actual share per backend, with a drift badge and
-the reasons the platform knows. Seeds: drift "means a backend is erroring (and being briefly benched),
-is at capacity, or is parked at weight 0" — each is detected (the bench list, errors, 429/503 answers
-counted per backend, the weight) and shown whenever it applies, with or without drift."""
+"""The load-balancer card of a cluster (configured share against actual share per member, drift, the
+reasons), as the dashboard and the API show it.
+
+The gateway computes it from what it counted (apps/gateway/loadbalancer.py) and registers that here at
+ready(): clusters sits below the gateway and never imports it.
+"""
 
 from __future__ import annotations
 
-import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
 from typing import Any
 
-from apps.clusters.lbstate import read_window
-from apps.clusters.models import Cluster, RoutingTier
+from apps.clusters.models import Cluster
 
-WINDOW_MINUTES = 5
-DRIFT_THRESHOLD = 0.10  # absolute difference of shares: "off by more than ~10%"
-STEADY_MIN_REQUESTS = 100  # below this the window is not steady load: no badge
-# The seed's three reasons (erroring is split from benched: a bench is the erroring that sat it out).
-REASONS = ("benched", "erroring", "at_capacity", "parked")
+_reports: list[Callable[[Cluster], dict[str, Any]]] = []
 
 
-@dataclass
-class MemberShare:
-    member: str
-    server: str | None
-    weight: int
-    configured_share: float
-    actual_share: float | None
-    requests: int
-    errors: int
-    busy: int  # answers 429/503 in the window: the backend at capacity
-    drift: bool
-    reasons: list[str]  # of REASONS, in that order: what applies to this member now
-    reason: str
-    bench: dict[str, Any] | None
+def register_report(report: Callable[[Cluster], dict[str, Any]]) -> None:
+    """The gateway's card; one per process (a second registration replaces the first)."""
+    _reports[:] = [report]
 
 
 def cluster_report(cluster: Cluster) -> dict[str, Any]:
-    window = read_window(WINDOW_MINUTES)
-    benched, traffic, errors, busy = window.benched, window.traffic, window.errors, window.busy
-    members = list(cluster.members.select_related("server"))
-    attached = [m for m in members if m.server_id is not None]
-    total_weight = sum(m.weight for m in attached) or 1
-    keys = {m.pk: str(m.server_id) for m in attached}
-    total = sum(traffic.get(k, 0) for k in keys.values())
-    steady = total >= STEADY_MIN_REQUESTS
-    now = time.time()
-    # Members whose traffic others pick up: benched, erroring, at capacity, or parked.
-    troubled = {
-        m.name
-        for m in attached
-        if m.weight == 0
-        or benched.get(keys[m.pk]) is not None
-        or errors.get(keys[m.pk], 0)
-        or busy.get(keys[m.pk], 0)
-    }
-    rows = []
-    for member in members:
-        key = keys.get(member.pk)
-        configured = member.weight / total_weight if key else 0.0
-        served = traffic.get(key, 0) if key else 0
-        failed = errors.get(key, 0) if key else 0
-        full = busy.get(key, 0) if key else 0
-        actual = served / total if total and key else None
-        drift = bool(steady and actual is not None and abs(actual - configured) > DRIFT_THRESHOLD)
-        bench = benched.get(key) if key else None
-        reasons: list[str] = []
-        said: list[str] = []
-        if key is not None and bench is not None:
-            since, until = (time.strftime("%H:%M:%S", time.gmtime(t)) for t in (bench.since, bench.until))
-            reasons.append("benched")
-            said.append(
-                f"benched since {since} until {until} UTC (bench {bench.count} in the window): {bench.reason}"
-            )
-        elif failed:
-            reasons.append("erroring")
-            said.append(f"erroring: {failed} failed request(s) in the window")
-        if full:
-            reasons.append("at_capacity")
-            said.append(f"at capacity: {full} answer(s) 429/503 in the window")
-        if key is not None and member.weight == 0:
-            reasons.append("parked")
-            said.append("parked at weight 0")
-        if key is None:
-            reason = "no server attached"
-        elif said:
-            reason = "; ".join(said)
-        elif drift and actual is not None and actual > configured and troubled:
-            others = ", ".join(sorted(troubled))
-            reason = f"carrying the share of {others} (benched, erroring, at capacity or parked)"
-        elif drift:
-            reason = "no known reason: requests of very different cost, or a change of weights in the window"
-        else:
-            reason = ""
-        rows.append(
-            MemberShare(
-                member=member.name,
-                server=key,
-                weight=member.weight,
-                configured_share=round(configured, 4),
-                actual_share=None if actual is None else round(actual, 4),
-                requests=served,
-                errors=failed,
-                busy=full,
-                drift=drift,
-                reasons=reasons,
-                reason=reason,
-                bench={**bench.as_dict(), "remaining_s": round(bench.until - now, 1)} if bench else None,
-            )
-        )
-    shared_tier = (
-        RoutingTier.objects.filter(
-            tier__in=RoutingTier.objects.filter(cluster=cluster).values("tier"),
-            capability__in=RoutingTier.objects.filter(cluster=cluster).values("capability"),
-        )
-        .exclude(cluster=cluster)
-        .exists()
-    )
-    return {
-        "cluster": cluster.name,
-        "algorithm": cluster.algorithm,
-        "effective_algorithm": "weighted_round_robin" if shared_tier else cluster.algorithm,
-        "mixed_routing": shared_tier,
-        "window_minutes": WINDOW_MINUTES,
-        "requests": total,
-        "steady": steady,
-        "redis_ok": window.redis_ok,
-        "members": [asdict(row) for row in rows],
-    }
+    if not _reports:
+        raise RuntimeError("no load-balancer card registered: apps.gateway is not installed")
+    return _reports[0](cluster)

@@ -71,7 +71,7 @@ def switch_books(cutover: Cutover, capability: Capability, index: str) -> None:
     alias.index, alias.capability = index, capability
     alias.save(update_fields=["index", "capability"])
     Capability.objects.filter(pk=alias.query_capability_id).update(follows=capability)
-    from apps.clusters.routing import bump_version
+    from apps.clusters.bindings import bump_version
 
     transaction.on_commit(bump_version)
 

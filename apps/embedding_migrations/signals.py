@@ -15,7 +15,7 @@ from apps.embedding_migrations.models import EmbeddingSpace
 @receiver(post_save, sender=EmbeddingSpace)
 @receiver(post_delete, sender=EmbeddingSpace)
 def _space_changed(sender: Any, **kwargs: Any) -> None:
-    from apps.clusters.routing import bump_version
+    from apps.clusters.bindings import bump_version
 
     bump_version()
 

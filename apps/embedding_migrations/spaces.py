@@ -38,10 +38,10 @@ def space_of(capability: Capability) -> EmbeddingSpace | None:
 
 
 def _running_backend(capability: Capability) -> tuple[ModelServer, str]:
-    from apps.clusters.routing import build_table
+    from apps.clusters.bindings import read_bindings
 
-    table = build_table()
-    for binding in sorted(table.bindings.get(capability.name, []), key=lambda b: b.tier):
+    bindings, _follows = read_bindings()
+    for binding in sorted(bindings.get(capability.name, []), key=lambda b: b.tier):
         for backend in binding.backends:
             return ModelServer.objects.select_related("artifact").get(pk=backend.key), backend.url
     raise ApiError(

@@ -10,3 +10,7 @@ class NodesConfig(AppConfig):
 
     def ready(self) -> None:
         from apps.nodes import signals  # noqa: F401 -- connects the receivers
+        from modelforge import lean
+
+        # Agents' heartbeats: the control plane's hottest write, beside Django (apps/nodes/fastpath.py).
+        lean.route(exact="/api/v1/agent/heartbeat", handler="apps.nodes.fastpath.endpoint")

@@ -2,9 +2,9 @@
 
 Every node reports every few seconds, so this is the control plane's hottest write. It skips Django's
 middleware and view stack (sessions, CSRF, messages: nothing a node uses) and answers with one SQL
-statement on an async psycopg pool, while keeping the platform's contract: the correlation id, the
-error envelope, the exact ``Internal Server Error`` body, a bounded request size. bench/heartbeats
-measures it; docs/DECISIONS.md says why it exists.
+statement on an async psycopg pool, while keeping the platform's contract (modelforge/lean.py): the
+correlation id, the error envelope, the exact ``Internal Server Error`` body, a bounded request size.
+bench/heartbeats measures it; docs/DECISIONS.md says why it exists.
 """
 
 from __future__ import annotations
@@ -21,10 +21,21 @@ from django.utils import timezone
 from apps.nodes import codes
 from apps.nodes.heartbeat import HEARTBEAT_SQL, InvalidReport, heartbeat_params, parse_report
 from modelforge import auththrottle
-from modelforge.errors import INTERNAL_SERVER_ERROR_BODY
 from modelforge.errors import codes as error_codes
-from modelforge.lean import BodyTooLarge, Receive, Send, drain_unread_body, read_bounded_body
-from modelforge.logging import accept_or_generate, set_correlation_id
+from modelforge.lean import (
+    JSON,
+    BodyTooLarge,
+    Receive,
+    Send,
+    correlate,
+    drain_unread_body,
+    internal_error,
+    log_access,
+    read_bounded_body,
+    refuse,
+    request_headers,
+    respond,
+)
 
 logger = logging.getLogger("modelforge.request")
 error_logger = logging.getLogger("modelforge.errors")
@@ -87,37 +98,18 @@ class HeartbeatEndpoint:
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         started = time.monotonic()
-        headers = {
-            name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]
-        }
-        correlation_id = accept_or_generate(headers.get("x-correlation-id"))
-        set_correlation_id(correlation_id)
+        headers = request_headers(scope)
+        correlation_id = correlate(headers)
         status, body, extra = await self._handle(scope, receive, headers)
-        response_headers = [
-            (b"x-correlation-id", correlation_id.encode()),
-            *((k.encode(), v.encode()) for k, v in extra.items()),
-        ]
         if status == 500:
-            payload = INTERNAL_SERVER_ERROR_BODY.encode()
-            response_headers.append((b"content-type", b"text/plain"))
+            await internal_error(send, correlation_id)
+        elif "code" in body:
+            await refuse(send, status, body["code"], body["message"], correlation_id, extra)
         else:
-            if "code" in body:
-                body = {"code": body["code"], "message": body["message"], "correlation_id": correlation_id}
-            payload = json.dumps(body).encode()
-            response_headers.append((b"content-type", b"application/json"))
-        response_headers.append((b"content-length", str(len(payload)).encode()))
-        await send({"type": "http.response.start", "status": status, "headers": response_headers})
-        await send({"type": "http.response.body", "body": payload})
+            await respond(send, status, json.dumps(body).encode(), JSON, correlation_id, extra)
         level = logging.DEBUG if status == 200 else logging.INFO
         if logger.isEnabledFor(level):
-            logger.log(
-                level,
-                "%s %s -> %s in %.1f ms",
-                scope["method"],
-                PATH,
-                status,
-                (time.monotonic() - started) * 1000,
-            )
+            log_access(logger, level, scope["method"], PATH, status, started)
 
     async def _handle(
         self, scope: dict[str, Any], receive: Receive, headers: dict[str, str]

@@ -117,7 +117,7 @@ def roll_up_traffic() -> int | None:
     """Copy the gateway's per-minute counters (requests, errors per backend) for the last complete
     minutes; returns the rows written, or ``None`` when Redis could not be read (nothing to copy: the
     gateway says so itself). Raises ``DatabaseError`` when the monitoring store fails."""
-    from apps.clusters.lbstate import TRAFFIC_BUCKET_S, read_traffic_minutes
+    from apps.gateway.lbstate import TRAFFIC_BUCKET_S, read_traffic_minutes
 
     buckets = read_traffic_minutes(ROLL_UP_MINUTES)
     if buckets is None:

@@ -93,8 +93,8 @@ MEASURED_CODE = (
     "apps/embedding_migrations/runner.py",
     "apps/embedding_migrations/spaces.py",
     "apps/embedding_migrations/adapters/pgvector.py",
-    "apps/clusters/gateway.py",
-    "apps/clusters/upstream.py",
+    "apps/gateway/gateway.py",
+    "apps/gateway/upstream.py",
     "agent/engines/echo.py",
 )
 

@@ -193,7 +193,7 @@ class BenchSerializer(serializers.Serializer):
     remaining_s = serializers.FloatField()
 
 
-# One member's configured share against its actual share (apps.clusters.loadbalancer.MemberShare). Built
+# One member's configured share against its actual share (apps.gateway.loadbalancer.MemberShare). Built
 # with inline_serializer: its field ``errors`` would shadow Serializer.errors as a class attribute.
 MemberShareSerializer = inline_serializer(
     name="MemberShare",

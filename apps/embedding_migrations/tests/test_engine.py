@@ -78,7 +78,7 @@ def test_spaces_are_the_same_only_when_all_five_parts_match():
 
 
 def test_the_query_name_follows_the_alias_capability_and_routing_serves_it_with_its_space(alias):
-    from apps.clusters.routing import build_table
+    from apps.gateway.routing import build_table
 
     query = Capability.objects.get(name="kb.query@1")
     assert str(query.follows) == "rag.embedding@1"

@@ -147,7 +147,7 @@ def counted_traffic(settings) -> Iterator[tuple[str, int]]:
 
     import redis
 
-    from apps.clusters.lbstate import ERRORS_KEY, TRAFFIC_BUCKET_S, TRAFFIC_KEY
+    from apps.gateway.lbstate import ERRORS_KEY, TRAFFIC_BUCKET_S, TRAFFIC_KEY
 
     backend = str(uuid.uuid4())
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
@@ -165,7 +165,7 @@ def counted_traffic(settings) -> Iterator[tuple[str, int]]:
 def test_the_gateways_per_minute_counters_are_kept_once_per_complete_minute(
     counted_traffic, operator_client, client
 ):
-    from apps.clusters.lbstate import TRAFFIC_BUCKET_S
+    from apps.gateway.lbstate import TRAFFIC_BUCKET_S
     from apps.observability.models import TrafficSample
 
     backend, current = counted_traffic

@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from apps.clusters import upstream as upstream_module
-from apps.clusters.upstream import ConnectFailed, Upstream, UpstreamBroken, UpstreamTimeout
+from apps.gateway import upstream as upstream_module
+from apps.gateway.upstream import ConnectFailed, Upstream, UpstreamBroken, UpstreamTimeout
 from tests.fixtures import run_in_own_loop
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

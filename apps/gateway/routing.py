@@ -14,18 +14,23 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import lru_cache
 from typing import Any
 
 import psycopg
 import redis
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.db import DatabaseError, close_old_connections
-from django.db.models.signals import post_delete, post_save
-from django.dispatch import receiver
 from django.utils import timezone
 
+from apps.clusters.bindings import (
+    REBUILD_AT_LEAST_EVERY_S,
+    VERSION_KEY,
+    Backend,
+    Binding,
+    bump_version,
+    read_bindings,
+    routing_redis,
+)
 from apps.clusters.models import (
     Algorithm,
     Capability,
@@ -35,66 +40,23 @@ from apps.clusters.models import (
     RoutingTier,
     digest,
 )
-from apps.nodes.models import Node
-from apps.servers.choices import ServerState
+from apps.embedding_migrations.models import EmbeddingSpace
 from apps.servers.models import ModelServer
-from apps.servers.signals import server_state_changed
 
 logger = logging.getLogger("modelforge.gateway")
 
-VERSION_KEY = "modelforge:routing:version"
 CHECK_EVERY_S = 1.0
-REBUILD_AT_LEAST_EVERY_S = 5.0
 
 
-@lru_cache(maxsize=1)
-def _redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
-
-
-def bump_version() -> None:
-    """Tell every process its routing table is out of date."""
-    try:
-        _redis().incr(VERSION_KEY)
-    except redis.RedisError as exc:
-        logger.warning(
-            "routing version not bumped, Redis unreachable (%s): tables refresh within %.0f s",
-            type(exc).__name__,
-            REBUILD_AT_LEAST_EVERY_S,
-        )
-
-
-@receiver(post_save)
-@receiver(post_delete)
-def _routing_changed(sender: Any, **kwargs: Any) -> None:
+def routing_changed(sender: Any, **kwargs: Any) -> None:
+    """A configuration row the table is built from was saved or deleted (connected in GatewayConfig.ready)."""
     if sender in (Capability, Cluster, ClusterMember, RoutingTier, ClientCredential, ModelServer):
         bump_version()
 
 
-@receiver(server_state_changed)
-def _server_state_changed(sender: Any, **kwargs: Any) -> None:
+def server_state_changed(sender: Any, **kwargs: Any) -> None:
+    """A server moved state (connected in GatewayConfig.ready)."""
     bump_version()
-
-
-@dataclass(frozen=True)
-class Backend:
-    """A running model server the gateway may send requests to."""
-
-    key: str
-    name: str
-    url: str
-    weight: int
-
-
-@dataclass(frozen=True)
-class Binding:
-    """A tier's binding: a cluster (with its algorithm) or a standalone server."""
-
-    tier: int
-    project: str
-    cluster: str | None
-    algorithm: str
-    backends: tuple[Backend, ...]
 
 
 @dataclass(frozen=True)
@@ -129,52 +91,10 @@ def build_table() -> Table:
         )
         for c in ClientCredential.objects.all()
     }
-    assignable = set(Node.objects.heard().values_list("pk", flat=True))
-    running = {
-        s.pk: s
-        for s in ModelServer.objects.filter(state=ServerState.RUNNING, port__isnull=False).select_related(
-            "node"
-        )
-        if s.node_id in assignable
-    }
-
-    def backend(server: ModelServer, name: str, weight: int) -> Backend | None:
-        if server.pk not in running or weight <= 0:
-            return None
-        host = (
-            server.node.agent_url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]  # type: ignore[union-attr]
-            or "127.0.0.1"
-        )
-        return Backend(str(server.pk), name, f"http://{host}:{server.port}", weight)
-
-    members: dict[int, list[ClusterMember]] = {}
-    for member in ClusterMember.objects.filter(server__isnull=False):
-        members.setdefault(member.cluster_id, []).append(member)
-    bindings: dict[str, list[Binding]] = {}
-    for tier in RoutingTier.objects.select_related("capability", "cluster", "server"):
-        if tier.cluster is not None:
-            found = [
-                backend(running[m.server_id], f"{tier.cluster.name}/{m.name}", m.weight)
-                for m in members.get(tier.cluster.pk, [])
-                if m.server_id in running
-            ]
-            name, algorithm = tier.cluster.name, tier.cluster.algorithm
-        else:
-            assert tier.server is not None
-            found = [backend(tier.server, tier.server.name, tier.weight)]
-            name, algorithm = None, Algorithm.WEIGHTED_ROUND_ROBIN
-        bindings.setdefault(tier.capability.name, []).append(
-            Binding(tier.tier, tier.project, name, algorithm, tuple(b for b in found if b is not None))
-        )
-    from apps.embedding_migrations.models import EmbeddingSpace
-
+    bindings, follows = read_bindings()
     spaces = {s.capability.name: s.key for s in EmbeddingSpace.objects.select_related("capability")}
-    # A capability that follows another (a consumer alias's query name) is served by its backends and
-    # answers in its space; a cutover moves both in one write.
-    for name, followed in Capability.objects.filter(follows__isnull=False).values_list(
-        "name", "follows__name"
-    ):
-        bindings[name] = bindings.get(followed, [])
+    # A follower answers in the space of the capability it follows.
+    for name, followed in follows.items():
         if followed in spaces:
             spaces[name] = spaces[followed]
         else:
@@ -211,7 +131,7 @@ class Router:
         self._checked = now
         version = self._version
         try:
-            version = _redis().get(VERSION_KEY)
+            version = routing_redis().get(VERSION_KEY)
             if not self.redis_ok:
                 logger.warning("Redis reachable again: routing versions are followed")
             self.redis_ok = True
@@ -276,7 +196,7 @@ class Router:
         if not choices:
             return None
         if algorithm == Algorithm.LEAST_CONNECTIONS:
-            from apps.clusters.lbstate import shared
+            from apps.gateway.lbstate import shared
 
             return min(choices, key=lambda b: (shared.in_flight_estimate(b.key) / b.weight, -b.weight, b.key))
         return self._smooth_wrr(choices)

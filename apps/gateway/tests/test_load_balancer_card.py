@@ -11,8 +11,8 @@ import redis
 from django.conf import settings
 from django.contrib.auth.models import User
 
-from apps.clusters.lbstate import BENCH_KEY, BUSY_KEY, ERRORS_KEY, TRAFFIC_BUCKET_S, TRAFFIC_KEY
 from apps.clusters.tests.factories import bind, cluster_with, loopback_node, running_server
+from apps.gateway.lbstate import BENCH_KEY, BUSY_KEY, ERRORS_KEY, TRAFFIC_BUCKET_S, TRAFFIC_KEY
 
 pytestmark = pytest.mark.django_db
 

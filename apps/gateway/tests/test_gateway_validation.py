@@ -20,9 +20,9 @@ import redis
 from django.conf import settings
 from openai import OpenAI
 
-from apps.clusters.lbstate import BENCH_KEY, FAILS_KEY
-from apps.clusters.shapes import MAX_INPUTS, MAX_TOKENS
 from apps.clusters.tests.factories import bind, credential, loopback_node, running_server
+from apps.gateway.lbstate import BENCH_KEY, FAILS_KEY
+from apps.gateway.shapes import MAX_INPUTS, MAX_TOKENS
 from modelforge.jsonbounds import MAX_JSON_DEPTH
 from tests.fixtures import wait_until
 

@@ -15,7 +15,6 @@ import redis
 from django.conf import settings
 
 from apps.alerts.models import Alert
-from apps.clusters.lbstate import BENCH_KEY
 from apps.clusters.tests.factories import (
     bind,
     cluster_with,
@@ -24,6 +23,7 @@ from apps.clusters.tests.factories import (
     loopback_node,
     running_server,
 )
+from apps.gateway.lbstate import BENCH_KEY
 from tests.fixtures import PYTHON, http_ok, start_process, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]

@@ -10,7 +10,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from apps.clusters.lbstate import BENCH_KEY, SharedState
+from apps.gateway.lbstate import BENCH_KEY, SharedState
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_without_redis_each_process_carries_on_alone_and_says_so(settings, caplo
 @pytest.mark.django_db(transaction=True)
 def test_churn_clears_once_benching_has_settled(clean_redis, settings):
     from apps.alerts.models import Alert
-    from apps.clusters.lbstate import HISTORY_KEY, clear_settled_churn
+    from apps.gateway.lbstate import HISTORY_KEY, clear_settled_churn
 
     Alert.objects.raise_alert("lb_sin_bin_churn", "warning", "backend", "b1", "pool/b1", "benched 3 times")
     history = HISTORY_KEY.format(key="b1")
@@ -101,7 +101,7 @@ def test_churn_clears_once_benching_has_settled(clean_redis, settings):
 
 # Seeds ("Traffic does not match the weights"): "at capacity" is a reason the platform detects, not a guess.
 def test_capacity_answers_are_counted_per_backend_apart_from_errors(settings):
-    from apps.clusters.lbstate import BUSY_KEY, ERRORS_KEY, TRAFFIC_KEY, read_window
+    from apps.gateway.lbstate import BUSY_KEY, ERRORS_KEY, TRAFFIC_KEY, read_window
 
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     first, second = two_processes()

@@ -1,7 +1,7 @@
 """The serving gateway: OpenAI-compatible ``/v1/*`` as a lean ASGI application beside Django.
 
 ``model`` names a capability (``rag.embedding@1``); the credential must be scoped to exactly that. The
-request's OpenAI shape is checked before any backend is contacted (apps/clusters/shapes.py).
+request's OpenAI shape is checked before any backend is contacted (apps/gateway/shapes.py).
 No database query per request (the routing table is cached per process), pooled keep-alive
 connections to backends, bounded timeouts and request size, streaming passed through chunk by chunk.
 Every failure is the envelope; a credential problem is always ``401 CAPABILITY_NOT_AUTHORIZED`` with
@@ -18,15 +18,25 @@ from typing import Any
 import msgspec
 
 from apps.clusters import codes
-from apps.clusters.lbstate import shared
-from apps.clusters.routing import Backend, authorize, not_bound_for, router
-from apps.clusters.shapes import ShapeError, TooDeep, checked
-from apps.clusters.upstream import ConnectFailed, Upstream, UpstreamError, UpstreamTimeout
-from modelforge.errors import INTERNAL_SERVER_ERROR_BODY
+from apps.gateway.lbstate import shared
+from apps.gateway.routing import Backend, authorize, not_bound_for, router
+from apps.gateway.shapes import ShapeError, TooDeep, checked
+from apps.gateway.upstream import ConnectFailed, Upstream, UpstreamError, UpstreamTimeout
 from modelforge.errors import codes as error_codes
 from modelforge.jsonbounds import TOO_DEEP_MESSAGE, nul_message, scan_json
-from modelforge.lean import BodyTooLarge, Receive, Send, read_bounded_body
-from modelforge.logging import accept_or_generate, set_correlation_id
+from modelforge.lean import (
+    JSON,
+    BodyTooLarge,
+    Receive,
+    Send,
+    correlate,
+    internal_error,
+    log_access,
+    read_bounded_body,
+    refuse,
+    request_headers,
+    respond,
+)
 
 logger = logging.getLogger("modelforge.gateway")
 
@@ -40,7 +50,7 @@ READ_TIMEOUT_S = 120.0
 
 
 # Request headers the gateway looks at; the others are never decoded.
-_WANTED_HEADERS = {b"authorization", b"x-correlation-id", b"content-length"}
+_WANTED_HEADERS = frozenset({b"authorization", b"x-correlation-id", b"content-length"})
 
 
 class Refusal(Exception):
@@ -59,7 +69,7 @@ class Gateway:
     def upstream(self) -> Upstream:
         """Pooled keep-alive connections to every backend, made in the serving loop on first use.
 
-        A lean HTTP/1.1 client (apps/clusters/upstream.py), not httpx or aiohttp: per proxied request the
+        A lean HTTP/1.1 client (apps/gateway/upstream.py), not httpx or aiohttp: per proxied request the
         bench measured httpx's async client at ~1.2 ms of CPU, aiohttp's at ~240 µs, this one at ~60 µs."""
         if self._upstream is None:
             self._upstream = Upstream(CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
@@ -67,36 +77,19 @@ class Gateway:
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         started = time.monotonic()
-        headers = {
-            k.decode("latin-1").lower(): v.decode("latin-1")
-            for k, v in scope["headers"]
-            if k in _WANTED_HEADERS  # ASGI servers give header names in lower case
-        }
-        correlation_id = accept_or_generate(headers.get("x-correlation-id"))
-        set_correlation_id(correlation_id)
+        headers = request_headers(scope, _WANTED_HEADERS)
+        correlation_id = correlate(headers)
         status = 500
         try:
             status = await self._serve(scope, receive, send, headers, correlation_id)
         except Refusal as exc:
             status = exc.status
-            await _send_json(
-                send,
-                exc.status,
-                {"code": exc.code, "message": exc.message, "correlation_id": correlation_id},
-                correlation_id,
-                exc.headers,
-            )
+            await refuse(send, exc.status, exc.code, exc.message, correlation_id, exc.headers)
         except Exception:
             logger.exception("gateway request failed")
-            await _send(send, 500, INTERNAL_SERVER_ERROR_BODY.encode(), "text/plain", correlation_id)
+            await internal_error(send, correlation_id)
         if status >= 400 or logger.isEnabledFor(logging.DEBUG):
-            logger.info(
-                "%s %s -> %s in %.1f ms",
-                scope["method"],
-                scope["path"],
-                status,
-                (time.monotonic() - started) * 1000,
-            )
+            log_access(logger, logging.INFO, scope["method"], scope["path"], status, started)
 
     async def _serve(
         self,
@@ -119,7 +112,9 @@ class Gateway:
             data = [
                 {"id": name, "object": "model", "owned_by": "modelforge"} for name in sorted(grant.scopes)
             ]
-            await _send_json(send, 200, {"object": "list", "data": data}, correlation_id)
+            await respond(
+                send, 200, json.dumps({"object": "list", "data": data}).encode(), JSON, correlation_id
+            )
             return 200
         if path not in FORWARDED:
             raise Refusal(
@@ -134,7 +129,7 @@ class Gateway:
         except BodyTooLarge:
             raise Refusal(413, error_codes.PAYLOAD_TOO_LARGE, error_codes.DEFAULT_MESSAGES[413]) from None
         # The request's shape, before the credential and before any backend: a body the engine cannot
-        # take never reaches it (an engine's 5xx counts towards the sin-bin). See apps/clusters/shapes.py.
+        # take never reaches it (an engine's 5xx counts towards the sin-bin). See apps/gateway/shapes.py.
         too_deep, nul = scan_json(body)
         if too_deep:
             raise Refusal(400, error_codes.JSON_TOO_DEEP, TOO_DEEP_MESSAGE)
@@ -316,34 +311,6 @@ def _backend_message(text: str) -> str:
     if isinstance(data, dict) and isinstance(data.get("message"), str):
         return data["message"][:300]
     return text[:300]
-
-
-async def _send_json(
-    send: Send,
-    status: int,
-    payload: dict[str, Any],
-    correlation_id: str,
-    headers: dict[str, str] | None = None,
-) -> None:
-    await _send(send, status, json.dumps(payload).encode(), "application/json", correlation_id, headers)
-
-
-async def _send(
-    send: Send,
-    status: int,
-    body: bytes,
-    content_type: str,
-    correlation_id: str,
-    headers: dict[str, str] | None = None,
-) -> None:
-    raw = [
-        (b"content-type", content_type.encode()),
-        (b"content-length", str(len(body)).encode()),
-        (b"x-correlation-id", correlation_id.encode()),
-    ]
-    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
 
 
 gateway = Gateway()

@@ -1,0 +1,112 @@
+"""What the configuration binds each capability to right now, and the routing version that says it changed.
+
+The gateway (apps/gateway/routing.py) builds its cached table from ``read_bindings`` and follows
+``VERSION_KEY``; the capability health check and the embedding-space probe read the same bindings, so
+all three agree on which backends serve a capability. Clusters sits below the gateway and never imports
+it: this module is the configuration's side of that contract.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import lru_cache
+
+import redis
+from django.conf import settings
+
+from apps.clusters.models import Algorithm, Capability, ClusterMember, RoutingTier
+from apps.nodes.models import Node
+from apps.servers.choices import ServerState
+from apps.servers.models import ModelServer
+
+logger = logging.getLogger("modelforge.gateway")
+
+VERSION_KEY = "modelforge:routing:version"
+# How stale a process's table may get when the version cannot be read (apps/gateway/routing.py).
+REBUILD_AT_LEAST_EVERY_S = 5.0
+
+
+@lru_cache(maxsize=1)
+def routing_redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
+
+
+def bump_version() -> None:
+    """Tell every process its routing table is out of date."""
+    try:
+        routing_redis().incr(VERSION_KEY)
+    except redis.RedisError as exc:
+        logger.warning(
+            "routing version not bumped, Redis unreachable (%s): tables refresh within %.0f s",
+            type(exc).__name__,
+            REBUILD_AT_LEAST_EVERY_S,
+        )
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A running model server the gateway may send requests to."""
+
+    key: str
+    name: str
+    url: str
+    weight: int
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A tier's binding: a cluster (with its algorithm) or a standalone server."""
+
+    tier: int
+    project: str
+    cluster: str | None
+    algorithm: str
+    backends: tuple[Backend, ...]
+
+
+def read_bindings() -> tuple[dict[str, list[Binding]], dict[str, str]]:
+    """Every capability's tier bindings with the running backends of each, in a handful of queries; and
+    which capability follows which (a consumer alias's query name), a follower bound as the one it follows."""
+    assignable = set(Node.objects.heard().values_list("pk", flat=True))
+    running = {
+        s.pk: s
+        for s in ModelServer.objects.filter(state=ServerState.RUNNING, port__isnull=False).select_related(
+            "node"
+        )
+        if s.node_id in assignable
+    }
+
+    def backend(server: ModelServer, name: str, weight: int) -> Backend | None:
+        if server.pk not in running or weight <= 0:
+            return None
+        host = (
+            server.node.agent_url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]  # type: ignore[union-attr]
+            or "127.0.0.1"
+        )
+        return Backend(str(server.pk), name, f"http://{host}:{server.port}", weight)
+
+    members: dict[int, list[ClusterMember]] = {}
+    for member in ClusterMember.objects.filter(server__isnull=False):
+        members.setdefault(member.cluster_id, []).append(member)
+    bindings: dict[str, list[Binding]] = {}
+    for tier in RoutingTier.objects.select_related("capability", "cluster", "server"):
+        if tier.cluster is not None:
+            found = [
+                backend(running[m.server_id], f"{tier.cluster.name}/{m.name}", m.weight)
+                for m in members.get(tier.cluster.pk, [])
+                if m.server_id in running
+            ]
+            name, algorithm = tier.cluster.name, tier.cluster.algorithm
+        else:
+            assert tier.server is not None
+            found = [backend(tier.server, tier.server.name, tier.weight)]
+            name, algorithm = None, Algorithm.WEIGHTED_ROUND_ROBIN
+        bindings.setdefault(tier.capability.name, []).append(
+            Binding(tier.tier, tier.project, name, algorithm, tuple(b for b in found if b is not None))
+        )
+    # A capability that follows another is served by its backends; a cutover moves both in one write.
+    follows = dict(Capability.objects.filter(follows__isnull=False).values_list("name", "follows__name"))
+    for name, followed in follows.items():
+        bindings[name] = bindings.get(followed, [])
+    return bindings, follows

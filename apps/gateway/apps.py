@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.apps import AppConfig
+
+if TYPE_CHECKING:
+    from apps.clusters.models import Cluster
+
+
+class GatewayConfig(AppConfig):
+    """The serving data path: ``/v1/*`` routed by the clusters app's configuration (apps/clusters), the
+    routing table each process caches, the load balancer's shared state, the upstream client."""
+
+    name = "apps.gateway"
+    label = "gateway"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.db.models.signals import post_delete, post_save
+
+        from apps.clusters import loadbalancer as card
+        from apps.gateway import routing
+        from apps.servers.signals import server_state_changed
+        from modelforge import lean
+
+        # The routing-table invalidation: a change to what the table is built from moves the version.
+        post_save.connect(routing.routing_changed, dispatch_uid="gateway.routing_changed.save")
+        post_delete.connect(routing.routing_changed, dispatch_uid="gateway.routing_changed.delete")
+        server_state_changed.connect(routing.server_state_changed, dispatch_uid="gateway.server_state")
+        card.register_report(_card)  # the clusters dashboard's and API's load-balancer card
+        # OpenAI-compatible /v1/*, beside Django (apps/gateway/gateway.py).
+        lean.route(prefix="/v1/", handler="apps.gateway.gateway.gateway")
+
+
+def _card(cluster: Cluster) -> dict[str, Any]:
+    # Imported on first use, not at ready(): the load balancer's state (apps/gateway/lbstate.py) names
+    # its process at import, and gunicorn's master runs ready() before it forks the web workers.
+    from apps.gateway.loadbalancer import cluster_report
+
+    return cluster_report(cluster)
