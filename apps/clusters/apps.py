@@ -9,4 +9,9 @@ class ClustersConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from apps.clusters import routing  # noqa: F401 -- connects the routing-table invalidation
+        from apps.clusters import (
+            contributions,
+            routing,  # noqa: F401 -- connects the routing-table invalidation
+        )
+
+        contributions.register()  # invariants, overview card, metrics (apps.core.registry)

@@ -13,7 +13,10 @@ class CoreConfig(AppConfig):
         # `manage.py check` reports configuration problems as system checks (modelforge/checks.py).
         # Every Django process (web, manage.py, the worker) sends tasks through this application: loaded
         # here, not in modelforge/__init__.py, which make run imports before it can take Ctrl-C.
+        from apps.core import contributions
         from modelforge import (
             celery,  # noqa: F401
             checks,  # noqa: F401
         )
+
+        contributions.register()  # the installation singleton's invariant (apps.core.registry)

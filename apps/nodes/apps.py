@@ -9,4 +9,9 @@ class NodesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from apps.nodes import signals  # noqa: F401 -- connects the receivers
+        from apps.nodes import (
+            contributions,
+            signals,  # noqa: F401 -- connects the receivers
+        )
+
+        contributions.register()  # invariants, overview card, metrics (apps.core.registry)

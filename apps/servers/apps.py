@@ -9,4 +9,9 @@ class ServersConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from apps.servers import lifecycle  # noqa: F401 -- connects the node-offline receiver
+        from apps.servers import (
+            contributions,
+            lifecycle,  # noqa: F401 -- connects the node-offline receiver
+        )
+
+        contributions.register()  # invariants, overview card, metrics (apps.core.registry)
