@@ -7,3 +7,6 @@ class ArtifactsConfig(AppConfig):
     name = "apps.artifacts"
     label = "artifacts"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from apps.artifacts import checks  # noqa: F401 -- registers the configuration check

@@ -10,6 +10,7 @@ class ClustersConfig(AppConfig):
 
     def ready(self) -> None:
         from apps.clusters import (
+            checks,  # noqa: F401 -- registers the gateway's configuration check
             contributions,
             routing,  # noqa: F401 -- connects the routing-table invalidation
         )

@@ -10,6 +10,7 @@ class NodesConfig(AppConfig):
 
     def ready(self) -> None:
         from apps.nodes import (
+            checks,  # noqa: F401 -- registers the configuration checks
             contributions,
             signals,  # noqa: F401 -- connects the receivers
         )
