@@ -7,3 +7,8 @@ class AlertsConfig(AppConfig):
     name = "apps.alerts"
     label = "alerts"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from apps.alerts import contributions
+
+        contributions.register()  # invariants, overview card, metrics (apps.core.registry)

@@ -9,6 +9,7 @@ class ArtifactsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from apps.artifacts import checks  # noqa: F401 -- registers the configuration check
         from modelforge import lean
 
         # The store, served to agents beside Django (apps/artifacts/agent_views.py).

@@ -7,3 +7,8 @@ class BackupsConfig(AppConfig):
     name = "apps.backups"
     label = "backups"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from apps.backups import contributions
+
+        contributions.register()  # invariants, overview card, metrics (apps.core.registry)

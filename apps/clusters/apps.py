@@ -10,7 +10,9 @@ class ClustersConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from apps.clusters import contributions
         from apps.clusters.usage import server_usage
         from apps.servers.usage import register_usage
 
+        contributions.register()  # invariants, overview card, metrics (apps.core.registry)
         register_usage(server_usage)  # servers' "used by" asks clusters without importing them

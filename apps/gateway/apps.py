@@ -20,7 +20,11 @@ class GatewayConfig(AppConfig):
         from django.db.models.signals import post_delete, post_save
 
         from apps.clusters import loadbalancer as card
-        from apps.gateway import routing
+        from apps.gateway import (
+            checks,  # noqa: F401 -- registers the configuration check (gateway.E001)
+            contributions,
+            routing,
+        )
         from apps.servers.signals import server_state_changed
         from modelforge import lean
 
@@ -28,6 +32,7 @@ class GatewayConfig(AppConfig):
         post_save.connect(routing.routing_changed, dispatch_uid="gateway.routing_changed.save")
         post_delete.connect(routing.routing_changed, dispatch_uid="gateway.routing_changed.delete")
         server_state_changed.connect(routing.server_state_changed, dispatch_uid="gateway.server_state")
+        contributions.register()  # the load balancer's gauges on /metrics
         card.register_report(_card)  # the clusters dashboard's and API's load-balancer card
         # OpenAI-compatible /v1/*, beside Django (apps/gateway/gateway.py).
         lean.route(prefix="/v1/", handler="apps.gateway.gateway.gateway")

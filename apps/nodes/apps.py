@@ -9,8 +9,13 @@ class NodesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from apps.nodes import signals  # noqa: F401 -- connects the receivers
+        from apps.nodes import (
+            checks,  # noqa: F401 -- registers the configuration checks
+            contributions,
+            signals,  # noqa: F401 -- connects the receivers
+        )
         from modelforge import lean
 
+        contributions.register()  # invariants, overview card, metrics (apps.core.registry)
         # Agents' heartbeats: the control plane's hottest write, beside Django (apps/nodes/fastpath.py).
         lean.route(exact="/api/v1/agent/heartbeat", handler="apps.nodes.fastpath.endpoint")

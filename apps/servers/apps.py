@@ -12,11 +12,13 @@ class ServersConfig(AppConfig):
         from django.conf import settings
 
         from apps.servers import (
+            contributions,
             lifecycle,  # noqa: F401 -- connects the node-offline receiver
             profiles,
         )
         from modelforge.config import Problem
 
+        contributions.register()  # invariants, overview card, metrics (apps.core.registry)
         # The runtime profiles load here, not while the settings load (settings import no app). Their
         # problems (INVALID_MANIFEST, CONFIG_NOT_MOUNTED) join the configuration's, which every entry
         # point checks after django.setup(): production refuses to start on a bad manifest, as before.
