@@ -7,3 +7,6 @@ class AlertsConfig(AppConfig):
     name = "apps.alerts"
     label = "alerts"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from apps.alerts import work  # noqa: F401 -- WORK_STUCK's receivers (apps.core.work)

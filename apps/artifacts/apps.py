@@ -7,3 +7,9 @@ class ArtifactsConfig(AppConfig):
     name = "apps.artifacts"
     label = "artifacts"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from apps.artifacts.work import KINDS  # its kinds of waiting work (apps.core.work)
+        from apps.core import work
+
+        work.register(*KINDS)

@@ -7,3 +7,9 @@ class BackupsConfig(AppConfig):
     name = "apps.backups"
     label = "backups"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from apps.backups.work import KINDS  # its kinds of waiting work (apps.core.work)
+        from apps.core import work
+
+        work.register(*KINDS)

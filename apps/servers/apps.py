@@ -9,4 +9,8 @@ class ServersConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from apps.core import work
         from apps.servers import lifecycle  # noqa: F401 -- connects the node-offline receiver
+        from apps.servers.work import KINDS  # its kinds of waiting work (apps.core.work)
+
+        work.register(*KINDS)
