@@ -36,17 +36,6 @@ def _adopt_correlation_id(task: Any = None, **_: Any) -> None:
     set_correlation_id(getattr(task.request, CORRELATION_HEADER, None) or NO_CORRELATION)
 
 
-@signals.task_failure.connect
-def _note_database_failure(
-    sender: Any = None, task_id: str | None = None, exception: BaseException | None = None, **_: Any
-) -> None:
-    """A task that failed because the database was away is noted in Redis (nothing can be written to the
-    database then): the web processes name it in the DATABASE_UNREACHABLE they record when it returns."""
-    from apps.core.outages import record_failed_task
-
-    record_failed_task(getattr(sender, "name", str(sender)), task_id or "", exception)
-
-
 @signals.worker_init.connect
 def _refuse_bad_worker_start(**_: Any) -> None:
     from modelforge.startup import run_entry_checks

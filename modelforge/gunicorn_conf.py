@@ -10,6 +10,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "modelforge.settings")
 
 from django.conf import settings
 
+from modelforge.signals import web_worker_started
 from modelforge.startup import run_entry_checks
 
 run_entry_checks("web")
@@ -40,15 +41,6 @@ def post_worker_init(worker: object) -> None:
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)
 
-    # Each web worker stamps that the control plane is listening (apps.nodes.listening): a gap in the
-    # stamps, as after a restart of every web process, restarts the nodes' grace period.
-    from apps.nodes.listening import WebTicker
-
-    if settings.LISTENING_STAMPS:
-        WebTicker().start()
-
-    # ...and watches the platform's own stores and processes (apps.core.outages): BROKER_UNREACHABLE,
-    # DATABASE_UNREACHABLE (recorded when it answers again), WORKER_MISSING, BEAT_MISSING.
-    from apps.core.outages import OutageTicker
-
-    OutageTicker().start()
+    # Each web worker's own threads are the apps' (modelforge.signals): the listening stamps
+    # (apps.nodes.listening) and the platform's outage checks (apps.core.outages).
+    web_worker_started.send(sender=type(worker))

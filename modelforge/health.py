@@ -9,8 +9,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET
 
-from apps.core.status import Probe, probe_broker, probe_database_connection
 from modelforge.errors import codes, envelope_response
+from modelforge.probes import Probe, probe_broker, probe_database_connection
 
 # /readyz is probed often (every load balancer, every few seconds): one answer serves a process for this
 # long, and concurrent probes wait for the one in flight instead of each opening a connection.

@@ -180,10 +180,6 @@ MODELFORGE_CONFIG_PROBLEMS = startup.collect_problems(
     allowed_hosts=ALLOWED_HOSTS,
     operator_api_key=OPERATOR_API_KEY,
     cluster_secret=CLUSTER_SECRET,
-    liveness=(HEARTBEAT_INTERVAL, NODE_STALE_AFTER, NODE_OFFLINE_AFTER),
-    lb_bench=(LB_BASE_BENCH_S, LB_MAX_BENCH_S),
-    artifact_local_roots=ARTIFACT_LOCAL_ROOTS,
-    home=MODELFORGE_HOME,
     database=_database,
     redis_url=REDIS_URL,
 )

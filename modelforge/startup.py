@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 from typing import Any, NoReturn
 
 from modelforge.config import (
     INSECURE_PRODUCTION_SETTING,
-    INVALID_SETTING,
     MISSING_REQUIRED_SETTING,
     Problem,
     SettingsReader,
@@ -62,18 +60,43 @@ def collect_problems(
     database: dict[str, Any] | None,
     redis_url: str | None,
     cluster_secret: str | None = None,
-    liveness: tuple[int, int, int] = (10, 35, 90),
-    lb_bench: tuple[int, int] | None = None,
-    artifact_local_roots: list[Path] | None = None,
-    home: Path | None = None,
 ) -> list[Problem]:
-    """Every configuration problem: those found while parsing, then the rules spanning settings.
+    """Every configuration problem of the kernel's own settings: those found while parsing, then the
+    rules spanning them (required, then unsafe values).
 
     The rules are the same in both environments (development logs what production refuses), except
     where development has a deliberate default: DEBUG on, loopback hosts, the embedded stack's URLs.
+    A rule over an app's settings (node liveness, the gateway's bench, artifact roots) is that app's
+    system check (``modelforge.checks``), run with these at every entry point by ``enforce``.
     """
     del redis_url  # required-ness is checked by name below; its syntax while parsing
-    # 1. Settings that cannot be done without.
+    _required_problems(read, production)
+    _unsafe_secret_problems(read, secret_key, operator_api_key, cluster_secret)
+    if debug and production:
+        read.problem(
+            INSECURE_PRODUCTION_SETTING,
+            "MODELFORGE_DEBUG",
+            "DEBUG is on in production, which exposes internals; unset it or set it to false",
+        )
+    if any(host.startswith("*") for host in allowed_hosts):
+        read.problem(
+            INSECURE_PRODUCTION_SETTING,
+            "MODELFORGE_ALLOWED_HOSTS",
+            "a wildcard host accepts any Host header; list the exact host names",
+        )
+    if database and str(database.get("PASSWORD") or "").lower() in WELL_KNOWN_DATABASE_PASSWORDS:
+        read.problem(
+            INSECURE_PRODUCTION_SETTING,
+            "MODELFORGE_DATABASE_URL",
+            "the database password is a well-known development value; set a strong password "
+            "on the database role and in the URL",
+        )
+    # The reader's own list, not a copy: settings read after this call still report their problems.
+    return read.problems
+
+
+def _required_problems(read: SettingsReader, production: bool) -> None:
+    """Settings that cannot be done without."""
     required = {
         "MODELFORGE_SECRET_KEY": "production requires a secret key; set it (or MODELFORGE_SECRET_KEY_FILE) "
         f"to at least {MIN_SECRET_KEY_LENGTH} random characters",
@@ -97,8 +120,12 @@ def collect_problems(
         if not read.is_set(name):
             read.problem(MISSING_REQUIRED_SETTING, name, message)
 
-    # 2. Values that are set but unsafe.
-    # Judge only a value that was read: a secret set twice or an unreadable file is reported as such.
+
+def _unsafe_secret_problems(
+    read: SettingsReader, secret_key: str | None, operator_api_key: str | None, cluster_secret: str | None
+) -> None:
+    """Secrets that are set but unsafe. Judge only a value that was read: a secret set twice or an
+    unreadable file is reported as such."""
     if secret_key:
         if secret_key == DEVELOPMENT_SECRET_KEY or secret_key.startswith("django-insecure"):
             read.problem(
@@ -127,82 +154,6 @@ def collect_problems(
             f"the cluster secret is {len(cluster_secret)} characters; use at least "
             f"{MIN_CLUSTER_SECRET_LENGTH} random characters",
         )
-    interval, stale_after, offline_after = liveness
-    if stale_after < 3 * interval:
-        read.problem(
-            INVALID_SETTING,
-            "MODELFORGE_NODE_STALE_AFTER",
-            f"{stale_after} s is less than three heartbeat intervals ({3 * interval} s); a late heartbeat "
-            "would flap nodes to stale. Raise it or lower MODELFORGE_HEARTBEAT_INTERVAL",
-        )
-    if offline_after <= stale_after:
-        read.problem(
-            INVALID_SETTING,
-            "MODELFORGE_NODE_OFFLINE_AFTER",
-            f"{offline_after} s must be greater than MODELFORGE_NODE_STALE_AFTER ({stale_after} s)",
-        )
-    if lb_bench is not None and lb_bench[1] < lb_bench[0]:
-        read.problem(
-            INVALID_SETTING,
-            "MODELFORGE_LB_MAX_BENCH_S",
-            f"{lb_bench[1]} s is shorter than MODELFORGE_LB_BASE_BENCH_S ({lb_bench[0]} s); "
-            "the cap must be at least the base bench time",
-        )
-    if artifact_local_roots and home is not None:
-        _local_root_problems(read, artifact_local_roots, home)
-    if debug and production:
-        read.problem(
-            INSECURE_PRODUCTION_SETTING,
-            "MODELFORGE_DEBUG",
-            "DEBUG is on in production, which exposes internals; unset it or set it to false",
-        )
-    if any(host.startswith("*") for host in allowed_hosts):
-        read.problem(
-            INSECURE_PRODUCTION_SETTING,
-            "MODELFORGE_ALLOWED_HOSTS",
-            "a wildcard host accepts any Host header; list the exact host names",
-        )
-    if database and str(database.get("PASSWORD") or "").lower() in WELL_KNOWN_DATABASE_PASSWORDS:
-        read.problem(
-            INSECURE_PRODUCTION_SETTING,
-            "MODELFORGE_DATABASE_URL",
-            "the database password is a well-known development value; set a strong password "
-            "on the database role and in the URL",
-        )
-    # The reader's own list, not a copy: settings read after this call still report their problems.
-    return read.problems
-
-
-def _local_root_problems(read: SettingsReader, roots: list[Path], home: Path) -> None:
-    """A local artifact root must never hold ModelForge's secrets (``<home>/secrets``): judged with every
-    link resolved, since that is how a source under it is judged (apps/artifacts/local_roots.py)."""
-    secrets = _resolved(home / "secrets")
-    for root in roots:
-        real = _resolved(root)
-        if real is None or secrets is None:
-            read.problem(INVALID_SETTING, "MODELFORGE_ARTIFACT_LOCAL_ROOTS", f"{root} cannot be resolved")
-            continue
-        if real == secrets:
-            relation = "is the secrets folder"
-        elif real in secrets.parents:
-            relation = f"contains the secrets folder ({secrets})"
-        elif secrets in real.parents:
-            relation = f"is inside the secrets folder ({secrets})"
-        else:
-            continue
-        read.problem(
-            INVALID_SETTING,
-            "MODELFORGE_ARTIFACT_LOCAL_ROOTS",
-            f"{root} {relation}; name the folders that hold model weights, not the data folder "
-            f"(for example {home / 'imports'})",
-        )
-
-
-def _resolved(path: Path) -> Path | None:
-    try:
-        return path.resolve()
-    except (OSError, RuntimeError, ValueError):
-        return None
 
 
 def refusal_text(problems: list[Problem]) -> str:
@@ -221,7 +172,9 @@ def enforce(entry_point: str) -> None:
     """Report configuration problems: exit 3 in production, warn and continue in development."""
     from django.conf import settings
 
-    problems: list[Problem] = settings.MODELFORGE_CONFIG_PROBLEMS
+    from modelforge.checks import all_problems
+
+    problems = all_problems()
     if not problems:
         return
     if settings.PRODUCTION:

@@ -8,8 +8,7 @@ import pytest
 from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
-from apps.core import status
-from modelforge import health
+from modelforge import health, probes
 
 pytestmark = pytest.mark.django_db
 
@@ -77,12 +76,12 @@ def test_readyz_reports_database_and_broker(client):
 
 def test_readyz_is_503_naming_the_broker_when_it_is_unreachable(client, settings):
     settings.CELERY_BROKER_URL = "redis://127.0.0.1:1/0"
-    status._redis_client.cache_clear()
+    probes.redis_client.cache_clear()
     health.forget_readiness()  # a success of less than a second ago would still be the answer
     try:
         response = client.get("/readyz")
     finally:
-        status._redis_client.cache_clear()
+        probes.redis_client.cache_clear()
         health.forget_readiness()
     assert response.status_code == 503
     body = json.loads(response.content)

@@ -37,15 +37,6 @@ def problems_for(env: dict[str, str], *, production: bool = True) -> list[tuple[
         database=database,
         redis_url=redis_url,
         cluster_secret=read.string("MODELFORGE_CLUSTER_SECRET"),
-        liveness=(
-            read.integer("MODELFORGE_HEARTBEAT_INTERVAL", 10),
-            read.integer("MODELFORGE_NODE_STALE_AFTER", 35),
-            read.integer("MODELFORGE_NODE_OFFLINE_AFTER", 90),
-        ),
-        lb_bench=(
-            read.integer("MODELFORGE_LB_BASE_BENCH_S", 30),
-            read.integer("MODELFORGE_LB_MAX_BENCH_S", 300),
-        ),
     )
     return [(p.code, p.setting) for p in problems]
 
@@ -214,21 +205,6 @@ def test_a_short_cluster_secret_is_insecure():
     ]
 
 
-def test_a_stale_limit_under_three_intervals_would_flap_nodes_and_is_refused():
-    env = good_production_env(MODELFORGE_HEARTBEAT_INTERVAL="10", MODELFORGE_NODE_STALE_AFTER="25")
-    assert problems_for(env) == [(INVALID_SETTING, "MODELFORGE_NODE_STALE_AFTER")]
-
-
-def test_offline_must_come_after_stale():
-    env = good_production_env(MODELFORGE_NODE_STALE_AFTER="60", MODELFORGE_NODE_OFFLINE_AFTER="60")
-    assert problems_for(env) == [(INVALID_SETTING, "MODELFORGE_NODE_OFFLINE_AFTER")]
-
-
-def test_a_bench_cap_shorter_than_the_base_is_refused():
-    env = good_production_env(MODELFORGE_LB_BASE_BENCH_S="60", MODELFORGE_LB_MAX_BENCH_S="30")
-    assert problems_for(env) == [(INVALID_SETTING, "MODELFORGE_LB_MAX_BENCH_S")]
-
-
 @pytest.mark.parametrize("value", ["half", "0", "1", "1.5", "-0.2"])
 def test_a_mass_loss_fraction_outside_zero_to_one_is_invalid_and_named(value):
     read = SettingsReader({"MODELFORGE_LIVENESS_MASS_LOSS_FRACTION": value})
@@ -365,6 +341,25 @@ def test_every_name_the_repository_uses_is_known_to_the_control_plane_or_the_age
         if name not in known | DELIBERATE_MISSPELLINGS | NOT_VARIABLES
     }
     assert unknown == {}
+
+
+def test_an_apps_configuration_check_refuses_production_at_entry_with_its_code(capsys):
+    """The rules over an app's settings are that app's system checks; entry points refuse them the same."""
+    from django.test import override_settings
+
+    with (
+        override_settings(PRODUCTION=True, LB_BASE_BENCH_S=60, LB_MAX_BENCH_S=30),
+        pytest.raises(SystemExit) as exit,
+    ):
+        startup.enforce("test")
+    assert exit.value.code == startup.EXIT_REFUSED
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .startswith(
+            "- [INVALID_SETTING] MODELFORGE_LB_MAX_BENCH_S: 30 s is shorter than MODELFORGE_LB_BASE_BENCH_S"
+        )
+    )
 
 
 def test_production_refuses_an_unknown_name_and_development_reports_it_as_a_system_check():

@@ -9,4 +9,9 @@ class AlertsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from apps.alerts import work  # noqa: F401 -- WORK_STUCK's receivers (apps.core.work)
+        from apps.alerts import (
+            contributions,
+            work,  # noqa: F401 -- WORK_STUCK's receivers (apps.core.work)
+        )
+
+        contributions.register()  # invariants, overview card, metrics (apps.core.registry)

@@ -9,6 +9,7 @@ class ArtifactsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from apps.artifacts import checks  # noqa: F401 -- registers the configuration check
         from apps.artifacts.work import KINDS  # its kinds of waiting work (apps.core.work)
         from apps.core import work
 

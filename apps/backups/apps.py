@@ -9,7 +9,9 @@ class BackupsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from apps.backups import contributions
         from apps.backups.work import KINDS  # its kinds of waiting work (apps.core.work)
         from apps.core import work
 
+        contributions.register()  # invariants, overview card, metrics (apps.core.registry)
         work.register(*KINDS)

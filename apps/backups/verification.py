@@ -22,7 +22,7 @@ from django.utils import timezone
 from apps.alerts.models import Alert
 from apps.backups import codes, pgtools, snapshot
 from apps.backups.models import Backup, BackupState
-from apps.core.invariants import INVARIANTS
+from apps.core import registry
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def check_files(directory: Path, manifest: dict[str, Any] | None, recorded: list
 def check_invariants(conn: psycopg.Connection[Any]) -> None:
     """Every platform invariant holds in the database behind ``conn``."""
     broken = []
-    for invariant in INVARIANTS:
+    for invariant in registry.invariants:
         row = conn.execute(invariant.query).fetchone()
         if row and row[0]:
             broken.append(f"{invariant.name} ({invariant.description}): {row[0]} rows break it")
@@ -85,7 +85,11 @@ def check_database(conn: psycopg.Connection[Any], manifest: dict[str, Any]) -> d
     ]
     if differences:
         raise VerificationFailed("row_counts", "; ".join(differences))
-    return {"invariants": len(INVARIANTS), "tables_counted": len(expected), "rows": sum(expected.values())}
+    return {
+        "invariants": len(registry.invariants),
+        "tables_counted": len(expected),
+        "rows": sum(expected.values()),
+    }
 
 
 def restore_and_check(server: pgtools.Server, archive: Path, database: str, manifest: dict[str, Any]) -> dict:

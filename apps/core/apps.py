@@ -10,6 +10,8 @@ class CoreConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from apps.core import contributions, signals  # noqa: F401 -- signals: the process receivers
+
         # `manage.py check` reports configuration problems as system checks (modelforge/checks.py).
         # Every Django process (web, manage.py, the worker) sends tasks through this application: loaded
         # here, not in modelforge/__init__.py, which make run imports before it can take Ctrl-C.
@@ -17,3 +19,5 @@ class CoreConfig(AppConfig):
             celery,  # noqa: F401
             checks,  # noqa: F401
         )
+
+        contributions.register()  # the installation singleton's invariant (apps.core.registry)

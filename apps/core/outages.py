@@ -47,8 +47,8 @@ from django.utils import timezone
 from apps.alerts.choices import Severity
 from apps.alerts.models import Alert, dedup_key_for
 from apps.core.models import Installation
-from apps.core.status import Probe, _redis_client, probe_broker, probe_database_connection
 from modelforge.errors import codes
+from modelforge.probes import Probe, probe_broker, probe_database_connection, redis_client
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ def send_worker_probe() -> bool:
     Redis, so several web processes send one probe per round)."""
     every = worker_probe_s()
     try:
-        if not _redis_client().set(WORKER_PROBE_KEY, "1", nx=True, ex=every):
+        if not redis_client().set(WORKER_PROBE_KEY, "1", nx=True, ex=every):
             return False
         from apps.core.tasks import record_worker_seen
 
@@ -260,7 +260,7 @@ def record_failed_task(
         }
     )
     try:
-        pipe = _redis_client().pipeline()
+        pipe = redis_client().pipeline()
         pipe.lpush(FAILED_TASKS_KEY, entry)
         pipe.ltrim(FAILED_TASKS_KEY, 0, FAILED_TASKS_KEEP - 1)
         pipe.expire(FAILED_TASKS_KEY, FAILED_TASKS_TTL_S)
@@ -286,7 +286,7 @@ def failed_tasks_between(start: datetime, end: datetime) -> list[str] | None:
     """Names of the worker tasks noted as failed on the database in ``[start, end]``; ``None`` when Redis
     does not answer (then nobody knows)."""
     try:
-        raw = _redis_client().lrange(FAILED_TASKS_KEY, 0, -1)
+        raw = redis_client().lrange(FAILED_TASKS_KEY, 0, -1)
     except redis.RedisError:
         return None
     names = []

@@ -20,7 +20,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from apps.core import work, work_actions
+from apps.core import registry, work, work_actions
 from apps.core.status import system_status
 from modelforge.errors import ApiError, codes, describe_validation
 
@@ -77,25 +77,15 @@ def _staff_required(view):
 
 @_staff_required
 def home(request: HttpRequest) -> HttpResponse:
-    from django.db.models import Count
-
-    from apps.alerts.models import Alert
     from apps.core.invariants import check_live
     from apps.core.outages import recent_outages
-    from apps.nodes.models import Node
-    from apps.servers.models import ModelServer
 
-    # The overview is the top of the dashboard: it may read every domain's summary.
-    liveness = dict(Node.objects.values_list("liveness").annotate(n=Count("pk")).values_list("liveness", "n"))
+    # The top of the dashboard: each domain's summary is a card its app registered (apps.core.registry).
+    cards = sorted(registry.overview_cards, key=lambda card: card.position)
     context = {
         "status": system_status(),
         "active_nav": "home",
-        "liveness": liveness,
-        "assignable": Node.objects.assignable().count(),
-        "open_alerts": Alert.objects.open().values("severity").annotate(n=Count("pk")).order_by("severity"),
-        "servers": dict(
-            ModelServer.objects.values_list("state").annotate(n=Count("pk")).values_list("state", "n")
-        ),
+        "cards": [{"template": card.template, "context": card.context()} for card in cards],
         "invariants": check_live(),
         "work": _work_counts(),
         "outages": recent_outages(),

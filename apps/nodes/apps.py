@@ -9,4 +9,10 @@ class NodesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from apps.nodes import signals  # noqa: F401 -- connects the receivers
+        from apps.nodes import (
+            checks,  # noqa: F401 -- registers the configuration checks
+            contributions,
+            signals,  # noqa: F401 -- connects the receivers
+        )
+
+        contributions.register()  # invariants, overview card, metrics (apps.core.registry)

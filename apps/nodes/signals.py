@@ -4,15 +4,27 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.db.models.signals import post_delete
 from django.dispatch import Signal, receiver
 
 from apps.alerts.models import Alert
 from apps.nodes import codes
 from apps.nodes.models import Node
+from modelforge.signals import web_worker_started
 
 # Sent by the liveness sweep with ``nodes=[(id, name), ...]`` that just went offline.
 nodes_went_offline = Signal()
+
+
+@receiver(web_worker_started)
+def _stamp_listening(**kwargs: Any) -> None:
+    """Each web worker stamps that the control plane is listening (``apps.nodes.listening``): a gap in the
+    stamps, as after a restart of every web process, restarts the nodes' grace period."""
+    from apps.nodes.listening import WebTicker
+
+    if settings.LISTENING_STAMPS:
+        WebTicker().start()
 
 
 @receiver(post_delete, sender=Node)

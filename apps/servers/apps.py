@@ -10,7 +10,11 @@ class ServersConfig(AppConfig):
 
     def ready(self) -> None:
         from apps.core import work
-        from apps.servers import lifecycle  # noqa: F401 -- connects the node-offline receiver
+        from apps.servers import (
+            contributions,
+            lifecycle,  # noqa: F401 -- connects the node-offline receiver
+        )
         from apps.servers.work import KINDS  # its kinds of waiting work (apps.core.work)
 
+        contributions.register()  # invariants, overview card, metrics (apps.core.registry)
         work.register(*KINDS)

@@ -9,10 +9,12 @@ import os
 from pathlib import Path
 
 import pytest
+from django.test import override_settings
 
-from apps.artifacts import acquisition, local_roots, tasks
+from apps.artifacts import acquisition, checks, local_roots, tasks
 from apps.artifacts.models import Artifact
 from modelforge import startup
+from modelforge.checks import problem_of
 from modelforge.config import INVALID_SETTING, SettingsReader
 from tests.fixtures import PYTHON, process_env, run_command
 
@@ -319,18 +321,9 @@ def test_rehydration_from_a_source_no_longer_allowed_is_blocked_and_reads_nothin
 def root_problems(value: str, home: Path) -> list[tuple[str, str]]:
     """(code, message) of every problem with MODELFORGE_ARTIFACT_LOCAL_ROOTS, read as the settings do."""
     read = SettingsReader({"MODELFORGE_ARTIFACT_LOCAL_ROOTS": value})
-    problems = startup.collect_problems(
-        read,
-        production=True,
-        secret_key=None,
-        debug=False,
-        allowed_hosts=[],
-        operator_api_key=None,
-        database=None,
-        redis_url=None,
-        artifact_local_roots=read.paths("MODELFORGE_ARTIFACT_LOCAL_ROOTS"),
-        home=home,
-    )
+    roots = read.paths("MODELFORGE_ARTIFACT_LOCAL_ROOTS")
+    with override_settings(PRODUCTION=True, ARTIFACT_LOCAL_ROOTS=roots, MODELFORGE_HOME=home):
+        problems = read.problems + [p for p in map(problem_of, checks.local_roots()) if p]
     return [(p.code, p.message) for p in problems if p.setting == "MODELFORGE_ARTIFACT_LOCAL_ROOTS"]
 
 

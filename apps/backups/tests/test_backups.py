@@ -19,6 +19,7 @@ from django.conf import settings
 from apps.alerts.models import Alert
 from apps.backups import codes, pgtools, restore, snapshot, verification
 from apps.backups.models import Backup, BackupState
+from apps.core import registry
 from modelforge.errors import ApiError
 from tests.fixtures import PYTHON, ROOT, database_url, process_env, process_stopped, wait_until
 
@@ -65,7 +66,7 @@ def test_a_backup_writes_its_manifest_last_and_verification_makes_it_restore_eli
     backup.refresh_from_db()
     assert backup.restore_eligible and backup.verified_at is not None
     assert backup.verification["ok"] is True and backup.verification["digests"] == "ok"
-    assert backup.verification["invariants"] == len(verification.INVARIANTS)
+    assert backup.verification["invariants"] == len(registry.invariants)
     assert [e.to_state for e in backup.events.order_by("at", "id")] == ["running", "completed", "verified"]
     # The scratch database is gone again.
     with pgtools.service_server().maintenance() as conn:

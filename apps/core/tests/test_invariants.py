@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.db import connections
 
-from apps.core.invariants import INVARIANTS
+from apps.core.registry import invariants as INVARIANTS
 from apps.nodes.models import GPU
 from apps.nodes.tests.factories import beat, heartbeat_report, make_node
 from tests.fixtures import free_port

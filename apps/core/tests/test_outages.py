@@ -12,10 +12,10 @@ import pytest
 from django.db.utils import OperationalError
 
 from apps.alerts.models import Alert
-from apps.core import outages, status
+from apps.core import outages
 from apps.core.models import Installation
-from apps.core.status import Probe
-from modelforge import health
+from modelforge import health, probes
+from modelforge.probes import Probe
 
 pytestmark = pytest.mark.django_db
 
@@ -35,7 +35,7 @@ def open_alert(code: str) -> Alert | None:
 
 @pytest.fixture
 def failed_tasks_key() -> Iterator[None]:
-    client = status._redis_client()
+    client = probes.redis_client()
     client.delete(outages.FAILED_TASKS_KEY)
     yield
     client.delete(outages.FAILED_TASKS_KEY)
@@ -194,12 +194,12 @@ def test_worker_tasks_that_failed_on_the_database_meanwhile_are_named(failed_tas
 
 def test_failed_tasks_are_unknown_when_redis_is_unreachable_too(settings):
     settings.CELERY_BROKER_URL = "redis://127.0.0.1:1/0"
-    status._redis_client.cache_clear()
+    probes.redis_client.cache_clear()
     try:
         assert not outages.record_failed_task("alerts.notify", "t1", OperationalError("gone"), at=NOW)
         alert = outages.record_database_outage(NOW, NOW + seconds(30), observer="web-1:42")
     finally:
-        status._redis_client.cache_clear()
+        probes.redis_client.cache_clear()
     assert "Which worker tasks failed meanwhile is not known: Redis did not answer either." in alert.message
 
 
@@ -232,18 +232,18 @@ def test_readyz_probes_are_cached_for_a_second_per_process(settings):
         database, broker = health.readiness(now=100.0)
         assert database.ok and broker.ok
         settings.CELERY_BROKER_URL = "redis://127.0.0.1:1/0"
-        status._redis_client.cache_clear()
+        probes.redis_client.cache_clear()
         assert health.readiness(now=100.9)[1].ok  # the answer of 0.9 s ago
         assert not health.readiness(now=101.1)[1].ok
     finally:
-        status._redis_client.cache_clear()
+        probes.redis_client.cache_clear()
         health.forget_readiness()
 
 
 def test_the_database_probe_makes_a_new_connection_each_time():
-    fresh = status.probe_database_connection()
+    fresh = probes.probe_database_connection()
     assert fresh.ok and fresh.detail.startswith("PostgreSQL 16")
-    broken = status.probe_database_connection(overrides={"port": 1})
+    broken = probes.probe_database_connection(overrides={"port": 1})
     assert not broken.ok
     assert broken.detail == "database unreachable: no new connection within 2 s (OperationalError)"
 
