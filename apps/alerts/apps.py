@@ -11,7 +11,11 @@ class AlertsConfig(AppConfig):
     def ready(self) -> None:
         from apps.alerts import (
             contributions,
+            signals,  # noqa: F401 -- the outage checks' process receivers (modelforge.signals)
             work,  # noqa: F401 -- WORK_STUCK's receivers (apps.core.work)
         )
+        from apps.alerts.outages import recent_outages
+        from apps.core import outages
 
         contributions.register()  # invariants, overview card, metrics (apps.core.registry)
+        outages.provide(recent_outages)  # the home page's outage card (apps.core.outages)

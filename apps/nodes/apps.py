@@ -9,10 +9,13 @@ class NodesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from apps.alerts import outages
         from apps.nodes import (
             checks,  # noqa: F401 -- registers the configuration checks
             contributions,
+            listening,
             signals,  # noqa: F401 -- connects the receivers
         )
 
         contributions.register()  # invariants, overview card, metrics (apps.core.registry)
+        outages.LISTENING_SINCE.append(listening.listening_since)  # silence counted since listening
