@@ -42,5 +42,5 @@ def post_worker_init(worker: object) -> None:
     gc.set_threshold(20_000, 20, 20)
 
     # Each web worker's own threads are the apps' (modelforge.signals): the listening stamps
-    # (apps.nodes.listening) and the platform's outage checks (apps.core.outages).
+    # (apps.nodes.listening) and the platform's outage checks (apps.alerts.outages).
     web_worker_started.send(sender=type(worker))

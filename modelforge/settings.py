@@ -150,7 +150,7 @@ SERVER_START_TIMEOUT = read.integer("MODELFORGE_SERVER_START_TIMEOUT", 300, mini
 NOTIFY_INTERVAL = read.integer("MODELFORGE_NOTIFY_INTERVAL", 15, minimum=1, maximum=3600)
 NOTIFY_TIMEOUT_S = read.integer("MODELFORGE_NOTIFY_TIMEOUT_S", 5, minimum=1, maximum=120)
 NOTIFY_MAX_ATTEMPTS = read.integer("MODELFORGE_NOTIFY_MAX_ATTEMPTS", 8, minimum=1, maximum=100)
-# Outages of the platform's own processes and stores (apps/core/outages.py): every web process checks the
+# Outages of the platform's own processes and stores (apps/alerts/outages.py): every web process checks the
 # database, the broker and the worker's and beat's stamps this often; a worker or beat silent for longer
 # than its limit is WORKER_MISSING / BEAT_MISSING. The worker is probed, and beat stamps, at least three
 # times per limit (at most every 60 s and 15 s), so one late probe never raises them.

@@ -26,7 +26,7 @@ def test_every_beat_entry_names_a_registered_task():
 @pytest.mark.stack
 @pytest.mark.django_db(transaction=True)
 def test_a_probe_enqueued_through_the_api_is_run_by_a_real_worker(celery_worker_process, operator_client):
-    # Web processes probe the worker in the background too (apps.core.outages): start from no stamp, and
+    # Web processes probe the worker in the background too (apps.alerts.outages): start from no stamp, and
     # prove this probe ran by its correlation id in the worker's log below.
     Installation.objects.current()
     Installation.objects.update(worker_seen_at=None)

@@ -23,7 +23,7 @@ import psycopg
 import pytest
 import redis
 
-from apps.core import outages
+from apps.alerts import outages
 from modelforge.embedded import EmbeddedPostgres, EmbeddedRedis
 from tests.fixtures import (
     PYTHON,

@@ -9,6 +9,13 @@ class AlertsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from apps.alerts import contributions
+        from apps.alerts import (
+            contributions,
+            signals,  # noqa: F401 -- the outage checks' process receivers (modelforge.signals)
+            work,  # noqa: F401 -- WORK_STUCK's receivers (apps.core.work)
+        )
+        from apps.alerts.outages import recent_outages
+        from apps.core import outages
 
         contributions.register()  # invariants, overview card, metrics (apps.core.registry)
+        outages.provide(recent_outages)  # the home page's outage card (apps.core.outages)

@@ -10,5 +10,8 @@ class BackupsConfig(AppConfig):
 
     def ready(self) -> None:
         from apps.backups import contributions
+        from apps.backups.work import KINDS  # its kinds of waiting work (apps.core.work)
+        from apps.core import work
 
         contributions.register()  # invariants, overview card, metrics (apps.core.registry)
+        work.register(*KINDS)

@@ -10,7 +10,7 @@ class CoreConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from apps.core import contributions, signals  # noqa: F401 -- signals: the process receivers
+        from apps.core import contributions
 
         # `manage.py check` reports configuration problems as system checks (modelforge/checks.py).
         # Every Django process (web, manage.py, the worker) sends tasks through this application: loaded

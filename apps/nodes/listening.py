@@ -47,6 +47,13 @@ def locked() -> ListeningClock:
     return ListeningClock.objects.select_for_update().get(singleton=True)
 
 
+def listening_since() -> datetime | None:
+    """Since when the control plane has been listening (``None`` before the clock's first row): the outage
+    checks (apps.alerts.outages) judge no silence from before it either."""
+    since: datetime | None = ListeningClock.objects.values_list("listening_since", flat=True).first()
+    return since
+
+
 def web_tick(now: datetime | None = None) -> None:
     """A web process is listening now; if none was for longer than the gap, the grace period restarts."""
     now = now or timezone.now()

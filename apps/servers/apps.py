@@ -11,14 +11,17 @@ class ServersConfig(AppConfig):
     def ready(self) -> None:
         from django.conf import settings
 
+        from apps.core import work
         from apps.servers import (
             contributions,
             lifecycle,  # noqa: F401 -- connects the node-offline receiver
             profiles,
         )
+        from apps.servers.work import KINDS  # its kinds of waiting work (apps.core.work)
         from modelforge.config import Problem
 
         contributions.register()  # invariants, overview card, metrics (apps.core.registry)
+        work.register(*KINDS)
         # The runtime profiles load here, not while the settings load (settings import no app). Their
         # problems (INVALID_MANIFEST, CONFIG_NOT_MOUNTED) join the configuration's, which every entry
         # point checks after django.setup(): production refuses to start on a bad manifest, as before.

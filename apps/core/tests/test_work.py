@@ -82,3 +82,16 @@ def test_a_starting_server_whose_watch_is_gone_is_judged_here_and_its_reservatio
     server.refresh_from_db()
     assert server.state == "failed" and server.failure_code == "AGENT_UNREACHABLE"
     assert not Reservation.objects.filter(server=server).exists()
+
+
+def test_kinds_are_listed_by_position_whatever_order_their_apps_register_them_in():
+    """Each app registers its kinds at ready() (INSTALLED_APPS order: servers before artifacts before
+    backups); the page, the API's enum and the refusal list them as they always did."""
+    order = ["backup", "restore", "server", "artifact", "replica"]
+    assert list(work.KINDS) == order
+    kinds = list(work.KINDS.values())
+    try:
+        work.register(*reversed(kinds))
+        assert list(work.KINDS) == order
+    finally:
+        work.register(*kinds)

@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db.utils import OperationalError
 
+from apps.alerts import outages
 from apps.alerts.models import Alert
-from apps.core import outages
 from apps.core.models import Installation
 from modelforge import health, probes
 from modelforge.probes import Probe
@@ -255,8 +255,8 @@ def test_a_restore_bringing_back_old_stamps_raises_no_missing_worker_or_beat(set
 
     from django.utils import timezone
 
+    from apps.alerts import outages
     from apps.alerts.models import Alert
-    from apps.core import outages
     from apps.core.models import Installation
     from apps.nodes import listening
 

@@ -1,6 +1,6 @@
 """The platform's own receivers of the kernel's process signals: each web worker watches for outages,
 beat stamps that it is alive, and a worker task that failed on the database is noted for the outage's
-alert (``apps.core.outages``). Connected when ``CoreConfig.ready()`` imports this module."""
+alert (``apps.alerts.outages``). Connected when ``AlertsConfig.ready()`` imports this module."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ logger = logging.getLogger("modelforge.beat")
 def _watch_outages(**kwargs: Any) -> None:
     """BROKER_UNREACHABLE, DATABASE_UNREACHABLE (recorded when it answers again), WORKER_MISSING,
     BEAT_MISSING: every web worker watches the platform's own stores and processes."""
-    from apps.core.outages import OutageTicker
+    from apps.alerts.outages import OutageTicker
 
     OutageTicker().start()
 
@@ -34,7 +34,7 @@ def _stamp_beat(hostname: str = "", **kwargs: Any) -> None:
     """Three times per ``MODELFORGE_BEAT_MISSING_AFTER`` (at most every 15 s); a database that does not
     answer is logged, never fatal to beat. The web processes raise ``BEAT_MISSING`` when it goes stale."""
     global _beat_stamped_at
-    from apps.core.outages import beat_stamp_s, record_beat_seen
+    from apps.alerts.outages import beat_stamp_s, record_beat_seen
 
     now = time.monotonic()
     if _beat_stamped_at is not None and now - _beat_stamped_at < beat_stamp_s():
@@ -54,6 +54,6 @@ def _note_database_failure(
 ) -> None:
     """A task that failed because the database was away is noted in Redis (nothing can be written to the
     database then): the web processes name it in the DATABASE_UNREACHABLE they record when it returns."""
-    from apps.core.outages import record_failed_task
+    from apps.alerts.outages import record_failed_task
 
     record_failed_task(getattr(sender, "name", str(sender)), task_id or "", exception)
