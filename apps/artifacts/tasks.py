@@ -12,7 +12,7 @@ from modelforge.dispatch import send
 @shared_task(name="artifacts.acquire")
 def acquire(artifact_id: int) -> str:
     from apps.artifacts import codes, locks
-    from apps.backups.pgtools import LockHeld
+    from apps.core.pglocks import LockHeld
 
     try:
         with locks.acquiring(artifact_id):  # a second delivery of this task skips while the first runs
