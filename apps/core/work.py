@@ -25,7 +25,6 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
@@ -127,20 +126,17 @@ def _resend_backup(backup: Any) -> None:
 
 
 def _fail_backup(backup: Any, by: str) -> None:
-    from apps.backups.models import Backup, BackupEvent, BackupState
-
     message = f"marked failed by {by} while {backup.state}"
-    with transaction.atomic():
-        if not Backup.objects.filter(pk=backup.pk, state=backup.state).update(
-            state=BackupState.FAILED,
+    try:
+        backup.transition(
+            "failed",
+            detail=message,
             reason_code=WORK_CANCELLED,
             reason_message=message,
             finished_at=timezone.now(),
-        ):
-            raise _moved_on("backup", backup.pk)
-        BackupEvent.objects.create(
-            backup=backup, from_state=backup.state, to_state=BackupState.FAILED, detail=message
         )
+    except ApiError:
+        raise _moved_on("backup", backup.pk) from None
 
 
 def _restores() -> Iterable[Waiting]:
@@ -167,15 +163,17 @@ def _resend_restore(restore: Any) -> None:
 
 
 def _fail_restore(restore: Any, by: str) -> None:
-    from apps.backups.models import Restore, RestoreState
-
-    if not Restore.objects.filter(pk=restore.pk, state=RestoreState.QUEUED).update(
-        state=RestoreState.FAILED,
-        failure_code=WORK_CANCELLED,
-        failure_message=f"cancelled by {by} before it started; the service database was not touched",
-        finished_at=timezone.now(),
-    ):
-        raise _moved_on("restore", restore.pk)
+    try:
+        restore.transition(
+            "failed",
+            detail=f"cancelled by {by} before it started",
+            by=by,
+            failure_code=WORK_CANCELLED,
+            failure_message=f"cancelled by {by} before it started; the service database was not touched",
+            finished_at=timezone.now(),
+        )
+    except ApiError:
+        raise _moved_on("restore", restore.pk) from None
 
 
 # --- model servers --------------------------------------------------------------------------------------
@@ -313,18 +311,19 @@ def _resend_artifact(artifact: Any) -> None:
 
 def _retry_artifact(artifact: Any) -> None:
     """Retry: a dead acquisition goes back to requested (its partial store folder is replaced)."""
-    from apps.artifacts.models import Artifact, ArtifactState
+    from apps.artifacts.models import ArtifactState
 
     if artifact.state == ArtifactState.ACQUIRING:
         from apps.artifacts import locks
 
         if locks.is_acquiring(artifact.pk):
             raise ApiError(WORK_NOT_WAITING, f"Artifact {artifact.name} is being acquired right now.", 409)
-        fresh = Artifact.objects.get(pk=artifact.pk)
-        if fresh.state != ArtifactState.ACQUIRING:
-            raise _moved_on("artifact", artifact.pk)
-        fresh.set_state(ArtifactState.REQUESTED, "requested again: the process acquiring it is gone")
-        artifact.state = ArtifactState.REQUESTED
+        try:
+            artifact.transition(
+                ArtifactState.REQUESTED, detail="requested again: the process acquiring it is gone"
+            )
+        except ApiError:
+            raise _moved_on("artifact", artifact.pk) from None
     _resend_artifact(artifact)
 
 
@@ -334,12 +333,15 @@ def _fail_artifact(artifact: Any, by: str) -> None:
     fresh = Artifact.objects.get(pk=artifact.pk)
     if fresh.state not in (ArtifactState.REQUESTED, ArtifactState.ACQUIRING):
         raise _moved_on("artifact", artifact.pk)
-    fresh.set_state(
-        ArtifactState.FAILED,
-        f"marked failed by {by} while {fresh.state}",
-        failure_code=WORK_CANCELLED,
-        failure_message=f"marked failed by {by} while {fresh.state}; retry to acquire it again",
-    )
+    try:
+        fresh.transition(
+            ArtifactState.FAILED,
+            detail=f"marked failed by {by} while {fresh.state}",
+            failure_code=WORK_CANCELLED,
+            failure_message=f"marked failed by {by} while {fresh.state}; retry to acquire it again",
+        )
+    except ApiError:
+        raise _moved_on("artifact", artifact.pk) from None
 
 
 def _replicas() -> Iterable[Waiting]:
@@ -397,14 +399,11 @@ def _retry_replica(replica: Any) -> None:
 
 
 def _fail_replica(replica: Any, by: str) -> None:
-    from apps.artifacts.models import Replica, ReplicaState
-
-    if not Replica.objects.filter(pk=replica.pk, state=replica.state).update(
-        state=ReplicaState.FAILED,
-        reason=f"{WORK_CANCELLED}: marked failed by {by} while {replica.state}",
-        updated_at=timezone.now(),
-    ):
-        raise _moved_on("replica", replica.pk)
+    reason = f"{WORK_CANCELLED}: marked failed by {by} while {replica.state}"
+    try:
+        replica.transition("failed", detail=reason, by=by, reason=reason, updated_at=timezone.now())
+    except ApiError:
+        raise _moved_on("replica", replica.pk) from None
 
 
 # A watch chain that re-enqueues itself every second is quiet for this long only if it is gone.

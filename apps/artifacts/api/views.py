@@ -8,14 +8,14 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.artifacts import acquisition, replication
+from apps.artifacts import acquisition, replication, services
 from apps.artifacts.api.serializers import (
     AmendSerializer,
     ArtifactSerializer,
     ReleaseSerializer,
     ReplicaSerializer,
 )
-from apps.artifacts.models import Artifact, ArtifactState, Replica
+from apps.artifacts.models import Artifact, Replica
 from apps.artifacts.tasks import acquire
 from apps.artifacts.tasks import rehydrate as rehydrate_task
 from modelforge.dispatch import send_on_commit
@@ -76,17 +76,18 @@ class ArtifactViewSet(
         request=None,
         responses={
             202: ArtifactSerializer,
-            200: OpenApiResponse(
-                ArtifactSerializer, description="Not failed: nothing to retry, nothing is sent."
+            409: OpenApiResponse(
+                description="ARTIFACT_NOT_FAILED (only a failed acquisition is retried) or "
+                "ARTIFACT_REHYDRATION_BLOCKED (register a new artifact instead); nothing is sent."
             ),
         },
     )
     @action(detail=True, methods=["post"])
     def retry(self, request: Request, pk: Any = None) -> Response:
-        artifact = self.get_object()
-        if artifact.state != ArtifactState.FAILED:
-            return Response(ArtifactSerializer(artifact).data, status=status.HTTP_200_OK)
-        send_on_commit(acquire, artifact.pk)
+        """Acquire a failed artifact again from its recorded upstream (apps.artifacts.services)."""
+        artifact = services.retry_acquisition(
+            self.get_object(), by=str(getattr(request.user, "username", request.user))
+        )
         return Response(ArtifactSerializer(artifact).data, status=status.HTTP_202_ACCEPTED)
 
 
