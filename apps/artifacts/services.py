@@ -29,7 +29,7 @@ def retry_refusal(artifact: Artifact) -> ApiError | None:
     if artifact.state != ArtifactState.FAILED:
         return ApiError(
             codes.ARTIFACT_NOT_FAILED,
-            f"Artifact {artifact.name} is {artifact.state}; only a failed acquisition is retried.",
+            f"Only a failed acquisition is retried; artifact {artifact.name} is {artifact.state}.",
             409,
         )
     if reacquisition_blocked(artifact):
