@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -72,19 +72,12 @@ class ArtifactViewSet(
         send_on_commit(rehydrate_task, artifact.pk)
         return Response(ArtifactSerializer(artifact).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(
-        request=None,
-        responses={
-            202: ArtifactSerializer,
-            409: OpenApiResponse(
-                description="ARTIFACT_NOT_FAILED (only a failed acquisition is retried) or "
-                "ARTIFACT_REHYDRATION_BLOCKED (register a new artifact instead); nothing is sent."
-            ),
-        },
-    )
+    @extend_schema(request=None, responses={202: ArtifactSerializer})
     @action(detail=True, methods=["post"])
     def retry(self, request: Request, pk: Any = None) -> Response:
-        """Acquire a failed artifact again from its recorded upstream (apps.artifacts.services)."""
+        """Acquire a failed artifact again from its recorded upstream. Refused up front, nothing sent:
+        409 ``ARTIFACT_NOT_FAILED`` (only a failed acquisition is retried) or 409
+        ``ARTIFACT_REHYDRATION_BLOCKED`` (register a new artifact instead)."""
         artifact = services.retry_acquisition(
             self.get_object(), by=str(getattr(request.user, "username", request.user))
         )
