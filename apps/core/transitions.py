@@ -8,7 +8,8 @@ and says how its event row is written (``record_transition``). ``transition()`` 
    own code);
 2. writes ``state`` and the given fields in one ``UPDATE ... WHERE pk AND state = <held state>``: zero
    rows means another process moved it first, refused the same way (nothing is overwritten);
-3. writes the event row (who, why), then lets the model react (``after_transition``);
+3. writes the event row (who, why), then lets the model react (``after_transition``), in the same
+   transaction as the move;
 4. updates this instance, so the next ``transition()`` starts from the new state.
 
 Nothing else writes ``state`` (apps/core/tests/test_transitions.py greps for it); a set-based sweep that
@@ -21,7 +22,7 @@ from collections.abc import Collection, Mapping
 from datetime import datetime
 from typing import Any, ClassVar
 
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
 from modelforge.errors import ApiError
@@ -56,16 +57,20 @@ class StatefulModel(models.Model):
             )
         now = timezone.now()
         self.transition_fields(to, now, fields)
-        moved = type(self)._base_manager.filter(pk=self.pk, state=held).update(state=to, **fields)
-        if not moved:
-            current = type(self)._base_manager.filter(pk=self.pk).values_list("state", flat=True).first()
-            raise ApiError(
-                self.INVALID_STATE_CODE,
-                f"{self.state_subject()} changed to {current or 'deleted'} meanwhile; it cannot become {to}.",
-                409,
-            )
-        self.record_transition(held, to, at=now, detail=detail, by=by)
-        self.after_transition(held, to)
+        # One transaction: no reader sees the new state without its event row or the model's reaction
+        # (a server failed with its reservations still held).
+        with transaction.atomic():
+            moved = type(self)._base_manager.filter(pk=self.pk, state=held).update(state=to, **fields)
+            if not moved:
+                current = type(self)._base_manager.filter(pk=self.pk).values_list("state", flat=True).first()
+                raise ApiError(
+                    self.INVALID_STATE_CODE,
+                    f"{self.state_subject()} changed to {current or 'deleted'} meanwhile; "
+                    f"it cannot become {to}.",
+                    409,
+                )
+            self.record_transition(held, to, at=now, detail=detail, by=by)
+            self.after_transition(held, to)
         self.state = to
         for name, value in fields.items():
             setattr(self, name, value)
