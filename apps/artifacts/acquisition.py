@@ -270,18 +270,21 @@ def judge(artifact: Artifact, checks: list[dict[str, str]], *, by: str = "", det
     """Ready when no rule failed; otherwise quarantined with the first rule that failed."""
     failed = [c for c in checks if c["outcome"] == "fail"]
     if failed:
-        artifact.set_state(
+        artifact.transition(
             ArtifactState.QUARANTINED,
-            f"{failed[0]['rule']}: {failed[0]['detail']}",
+            detail=f"{failed[0]['rule']}: {failed[0]['detail']}",
+            by=by,
             checks=checks,
             quarantine_rule=failed[0]["rule"],
         )
     else:
-        artifact.set_state(
-            ArtifactState.READY, detail or "every check passed", checks=checks, quarantine_rule=""
+        artifact.transition(
+            ArtifactState.READY,
+            detail=detail or "every check passed",
+            by=by,
+            checks=checks,
+            quarantine_rule="",
         )
-    if by:
-        artifact.events.filter(pk=artifact.events.first().pk).update(by=by)  # type: ignore[union-attr]
 
 
 def _refused_before_fetch(artifact: Artifact) -> bool:
@@ -303,9 +306,9 @@ def acquire(artifact: Artifact) -> None:
     if _refused_before_fetch(artifact):
         return
     target = store_dir(artifact)
-    artifact.set_state(
+    artifact.transition(
         ArtifactState.ACQUIRING,
-        f"from {artifact.source_kind} {artifact.locator}",
+        detail=f"from {artifact.source_kind} {artifact.locator}",
         store_path=str(target),
         failure_code="",  # a retry's earlier failure is history (its event row), not this attempt's
         failure_message="",
@@ -314,16 +317,19 @@ def acquire(artifact: Artifact) -> None:
         fetch(artifact, target)
     except local_roots.LocalSourceRefused as exc:
         shutil.rmtree(target, ignore_errors=True)  # nothing read from a refused source is kept
-        artifact.set_state(
+        artifact.transition(
             ArtifactState.FAILED,
-            str(exc),
+            detail=str(exc),
             failure_code=codes.LOCAL_SOURCE_NOT_ALLOWED,
             failure_message=str(exc),
         )
         return
     except SourceUnreachable as exc:
-        artifact.set_state(
-            ArtifactState.FAILED, str(exc), failure_code=codes.SOURCE_UNREACHABLE, failure_message=str(exc)
+        artifact.transition(
+            ArtifactState.FAILED,
+            detail=str(exc),
+            failure_code=codes.SOURCE_UNREACHABLE,
+            failure_message=str(exc),
         )
         return
     files = list(digests(target))
@@ -392,12 +398,12 @@ def _release_unfetched(artifact: Artifact, *, by: str, reason: str) -> Artifact:
             f"({next(c['detail'] for c in artifact.checks if c['outcome'] == 'fail')}); nothing was fetched.",
             409,
         )
-    artifact.set_state(
+    artifact.transition(
         ArtifactState.REQUESTED,
-        f"released by {by}: {reason}; fetching now, every check runs again on what arrives",
+        detail=f"released by {by}: {reason}; fetching now, every check runs again on what arrives",
+        by=by,
         quarantine_rule="",
     )
-    artifact.events.filter(pk=artifact.events.first().pk).update(by=by)  # type: ignore[union-attr]
     from apps.artifacts.tasks import acquire as acquire_task
 
     send_on_commit(acquire_task, artifact.pk)
@@ -487,7 +493,10 @@ def rehydrate(artifact: Artifact) -> Artifact:
 
 
 def _blocked(artifact: Artifact, detail: str) -> Artifact:
-    artifact.set_state(
-        ArtifactState.FAILED, detail, failure_code=codes.ARTIFACT_REHYDRATION_BLOCKED, failure_message=detail
+    artifact.transition(
+        ArtifactState.FAILED,
+        detail=detail,
+        failure_code=codes.ARTIFACT_REHYDRATION_BLOCKED,
+        failure_message=detail,
     )
     return artifact

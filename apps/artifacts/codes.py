@@ -5,6 +5,11 @@ DEFERRED_EXTERNAL_VALIDATION = "DEFERRED_EXTERNAL_VALIDATION"
 SOURCE_UNREACHABLE = "SOURCE_UNREACHABLE"
 ARTIFACT_QUARANTINED = "ARTIFACT_QUARANTINED"
 ARTIFACT_NOT_QUARANTINED = "ARTIFACT_NOT_QUARANTINED"
+# A move an artifact's or replica's state does not allow, or one another process made first.
+INVALID_ARTIFACT_STATE = "INVALID_ARTIFACT_STATE"
+INVALID_REPLICA_STATE = "INVALID_REPLICA_STATE"
+# Retry of an acquisition refused: only a failed one is acquired again (apps.artifacts.services).
+ARTIFACT_NOT_FAILED = "ARTIFACT_NOT_FAILED"
 # A local path the control plane may not read (outside MODELFORGE_ARTIFACT_LOCAL_ROOTS, or its own data).
 LOCAL_SOURCE_NOT_ALLOWED = "LOCAL_SOURCE_NOT_ALLOWED"
 

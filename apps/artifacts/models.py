@@ -1,9 +1,12 @@
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
 
 from django.db import models
 from django.utils import timezone
+
+from apps.artifacts.codes import INVALID_ARTIFACT_STATE, INVALID_REPLICA_STATE
+from apps.core.transitions import StatefulModel
 
 
 class SourceKind(models.TextChoices):
@@ -20,8 +23,41 @@ class ArtifactState(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
-class Artifact(models.Model):
+# Allowed moves, as acquisition, release, rehydration and the stuck-work watchdog make them:
+# acquire (requested or failed -> acquiring -> ready | quarantined | failed; a source refused before the
+# fetch quarantines at once), the watchdog (a dead acquisition back to requested; requested or acquiring
+# marked failed), release (quarantined -> ready, requested when nothing was fetched yet, or quarantined
+# again when a rule still fails), rehydrate (any state but quarantined -> ready | quarantined | failed,
+# the same state included: a ready artifact rehydrated is ready again).
+ARTIFACT_TRANSITIONS: dict[str, tuple[str, ...]] = {
+    ArtifactState.REQUESTED: (
+        ArtifactState.ACQUIRING,
+        ArtifactState.READY,
+        ArtifactState.QUARANTINED,
+        ArtifactState.FAILED,
+    ),
+    ArtifactState.ACQUIRING: (
+        ArtifactState.REQUESTED,
+        ArtifactState.READY,
+        ArtifactState.QUARANTINED,
+        ArtifactState.FAILED,
+    ),
+    ArtifactState.READY: (ArtifactState.READY, ArtifactState.QUARANTINED, ArtifactState.FAILED),
+    ArtifactState.QUARANTINED: (ArtifactState.REQUESTED, ArtifactState.READY, ArtifactState.QUARANTINED),
+    ArtifactState.FAILED: (
+        ArtifactState.ACQUIRING,
+        ArtifactState.READY,
+        ArtifactState.QUARANTINED,
+        ArtifactState.FAILED,
+    ),
+}
+
+
+class Artifact(StatefulModel):
     """Model weights with their recorded upstream identity and the digests of every file."""
+
+    TRANSITIONS = ARTIFACT_TRANSITIONS
+    INVALID_STATE_CODE = INVALID_ARTIFACT_STATE
 
     name = models.CharField(max_length=100, unique=True)
     source_kind = models.CharField(max_length=16, choices=SourceKind.choices)
@@ -53,14 +89,13 @@ class Artifact(models.Model):
     def __str__(self) -> str:
         return self.name
 
-    def set_state(self, state: str, detail: str = "", **fields: Any) -> None:
-        """Record a state change and its event row."""
-        before = self.state
-        self.state = state
-        for key, value in fields.items():
-            setattr(self, key, value)
-        self.save(update_fields=["state", *fields])
-        ArtifactEvent.objects.create(artifact=self, from_state=before, to_state=state, detail=detail[:1000])
+    def state_subject(self) -> str:
+        return f"Artifact {self.name}"
+
+    def record_transition(self, before: str, to: str, *, at: datetime, detail: str, by: str) -> None:
+        ArtifactEvent.objects.create(
+            artifact=self, from_state=before, to_state=to, at=at, by=by[:150], detail=detail[:1000]
+        )
 
 
 class ArtifactEvent(models.Model):
@@ -87,8 +122,23 @@ class ReplicaState(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
-class Replica(models.Model):
+# Allowed moves, as replication and the stuck-work watchdog make them: asked for (again: a requested or
+# failed replica is requested anew), started by a worker (copying, or failed when the agent refuses; a
+# copying one whose watch went quiet is started again and stays copying), settled by the agent's report
+# and the presence check (present or failed), or marked failed by an operator while it waits.
+REPLICA_TRANSITIONS: dict[str, tuple[str, ...]] = {
+    ReplicaState.REQUESTED: (ReplicaState.REQUESTED, ReplicaState.COPYING, ReplicaState.FAILED),
+    ReplicaState.COPYING: (ReplicaState.COPYING, ReplicaState.PRESENT, ReplicaState.FAILED),
+    ReplicaState.PRESENT: (),
+    ReplicaState.FAILED: (ReplicaState.REQUESTED,),
+}
+
+
+class Replica(StatefulModel):
     """An artifact on one node: asked for explicitly, copied by the node's agent, verified, present."""
+
+    TRANSITIONS = REPLICA_TRANSITIONS
+    INVALID_STATE_CODE = INVALID_REPLICA_STATE
 
     artifact = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="replicas")
     node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="replicas")
@@ -118,6 +168,14 @@ class Replica(models.Model):
     def __str__(self) -> str:
         return f"{self.artifact} on {self.node_id} ({self.state})"
 
+    def state_subject(self) -> str:
+        return f"Replica #{self.pk} of artifact {self.artifact_id} on node {self.node_id}"
+
+    def record_transition(self, before: str, to: str, *, at: datetime, detail: str, by: str) -> None:
+        ReplicaEvent.objects.create(
+            replica=self, from_state=before, to_state=to, at=at, by=by[:150], detail=detail[:2000]
+        )
+
     @property
     def bytes_per_second(self) -> float | None:
         if not self.copy_seconds or not self.total_bytes:
@@ -129,3 +187,20 @@ class Replica(models.Model):
         if not self.copy_seconds or not self.total_bytes:
             return None
         return self.total_bytes / 2**20 / self.copy_seconds
+
+
+class ReplicaEvent(models.Model):
+    """A state change of a replica: who asked, or what the worker, the agent or an operator said."""
+
+    replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="events")
+    from_state = models.CharField(max_length=16)
+    to_state = models.CharField(max_length=16)
+    at = models.DateTimeField(default=timezone.now)
+    by = models.CharField(max_length=150, blank=True)
+    detail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.replica_id} {self.from_state}->{self.to_state}"

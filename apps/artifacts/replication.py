@@ -35,8 +35,10 @@ def request_replica(artifact: Artifact, node: Node, *, by: str) -> Replica:
     )
     if replica.state in (ReplicaState.COPYING, ReplicaState.PRESENT):
         return replica
-    Replica.objects.filter(pk=replica.pk).update(
-        state=ReplicaState.REQUESTED,
+    replica.transition(
+        ReplicaState.REQUESTED,
+        detail=f"requested on {node.name}",
+        by=by,
         reason="",
         done_bytes=0,
         copy_seconds=None,
@@ -72,7 +74,9 @@ def start(replica: Replica) -> bool:
         _fail(replica, reply.body.get("message") or f"the agent answered {reply.status}")
         return False
     now = timezone.now()
-    Replica.objects.filter(pk=replica.pk).update(state=ReplicaState.COPYING, updated_at=now, progress_at=now)
+    replica.transition(
+        ReplicaState.COPYING, detail=f"copying to {node.name}", updated_at=now, progress_at=now
+    )
     return True
 
 
@@ -98,8 +102,9 @@ def check(replica: Replica) -> bool:
         return False
     presence = agent_client.model_presence(replica.node, replica.name)
     if presence.status == 200 and presence.body.get("present"):
-        Replica.objects.filter(pk=replica.pk).update(
-            state=ReplicaState.PRESENT,
+        replica.transition(
+            ReplicaState.PRESENT,
+            detail="the node's presence check finds it",
             done_bytes=replica.total_bytes,
             copy_seconds=_copy_seconds(reply.body),
             updated_at=timezone.now(),
@@ -118,6 +123,4 @@ def _copy_seconds(status: dict) -> float | None:
 
 
 def _fail(replica: Replica, reason: str) -> None:
-    Replica.objects.filter(pk=replica.pk).update(
-        state=ReplicaState.FAILED, reason=reason[:2000], updated_at=timezone.now()
-    )
+    replica.transition(ReplicaState.FAILED, detail=reason, reason=reason[:2000], updated_at=timezone.now())

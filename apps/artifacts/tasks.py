@@ -11,16 +11,16 @@ from modelforge.dispatch import send
 
 @shared_task(name="artifacts.acquire")
 def acquire(artifact_id: int) -> str:
-    from apps.artifacts import codes, locks
-    from apps.backups.pgtools import LockHeld
+    from apps.artifacts import locks, services
+    from apps.core.pglocks import LockHeld
 
     try:
         with locks.acquiring(artifact_id):  # a second delivery of this task skips while the first runs
             artifact = Artifact.objects.filter(pk=artifact_id).first()
             if artifact is None or artifact.state not in (ArtifactState.REQUESTED, ArtifactState.FAILED):
                 return "skipped"
-            if artifact.failure_code == codes.ARTIFACT_REHYDRATION_BLOCKED:
-                # Acquiring again would record whatever the upstream holds now under the old identity.
+            if services.reacquisition_blocked(artifact):
+                # A retry is refused up front (services.retry_refusal); this is a message sent before.
                 return "blocked"
             acquisition.acquire(artifact)
             return artifact.state

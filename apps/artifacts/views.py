@@ -13,8 +13,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from apps.artifacts import acquisition, codes, replication
-from apps.artifacts.models import Artifact, ArtifactState, SourceKind
+from apps.artifacts import acquisition, replication, services
+from apps.artifacts.models import Artifact, SourceKind
 from apps.artifacts.tasks import acquire, rehydrate
 from apps.nodes.models import Node
 from modelforge.dispatch import send_on_commit
@@ -95,18 +95,7 @@ def artifact_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
             replication.request_replica(artifact, node, by=by)
             messages.info(request, f"Replicating {artifact.name} to {node.name}.")
         elif action == "retry":
-            if artifact.state != ArtifactState.FAILED:
-                raise ApiError(
-                    "VALIDATION_ERROR", f"Only a failed acquisition is retried; it is {artifact.state}.", 400
-                )
-            if artifact.failure_code == codes.ARTIFACT_REHYDRATION_BLOCKED:
-                raise ApiError(
-                    codes.ARTIFACT_REHYDRATION_BLOCKED,
-                    "Acquiring again would record what the upstream holds now under the old identity; "
-                    "register a new artifact instead.",
-                    409,
-                )
-            send_on_commit(acquire, artifact.pk)
+            services.retry_acquisition(artifact, by=by)
             messages.info(request, f"Acquiring {artifact.name} again from {artifact.locator}.")
         elif action == "amend":
             _amend(request, artifact, by)

@@ -74,11 +74,12 @@ def _retry_artifact(artifact: Any) -> None:
 
         if locks.is_acquiring(artifact.pk):
             raise ApiError(WORK_NOT_WAITING, f"Artifact {artifact.name} is being acquired right now.", 409)
-        fresh = Artifact.objects.get(pk=artifact.pk)
-        if fresh.state != ArtifactState.ACQUIRING:
-            raise moved_on("artifact", artifact.pk)
-        fresh.set_state(ArtifactState.REQUESTED, "requested again: the process acquiring it is gone")
-        artifact.state = ArtifactState.REQUESTED
+        try:
+            artifact.transition(
+                ArtifactState.REQUESTED, detail="requested again: the process acquiring it is gone"
+            )
+        except ApiError:
+            raise moved_on("artifact", artifact.pk) from None
     _resend_artifact(artifact)
 
 
@@ -86,12 +87,15 @@ def _fail_artifact(artifact: Any, by: str) -> None:
     fresh = Artifact.objects.get(pk=artifact.pk)
     if fresh.state not in (ArtifactState.REQUESTED, ArtifactState.ACQUIRING):
         raise moved_on("artifact", artifact.pk)
-    fresh.set_state(
-        ArtifactState.FAILED,
-        f"marked failed by {by} while {fresh.state}",
-        failure_code=WORK_CANCELLED,
-        failure_message=f"marked failed by {by} while {fresh.state}; retry to acquire it again",
-    )
+    try:
+        fresh.transition(
+            ArtifactState.FAILED,
+            detail=f"marked failed by {by} while {fresh.state}",
+            failure_code=WORK_CANCELLED,
+            failure_message=f"marked failed by {by} while {fresh.state}; retry to acquire it again",
+        )
+    except ApiError:
+        raise moved_on("artifact", artifact.pk) from None
 
 
 def _replicas() -> Iterable[Waiting]:
@@ -144,12 +148,13 @@ def _retry_replica(replica: Any) -> None:
 
 
 def _fail_replica(replica: Any, by: str) -> None:
-    if not Replica.objects.filter(pk=replica.pk, state=replica.state).update(
-        state=ReplicaState.FAILED,
-        reason=f"{WORK_CANCELLED}: marked failed by {by} while {replica.state}",
-        updated_at=timezone.now(),
-    ):
-        raise moved_on("replica", replica.pk)
+    reason = f"{WORK_CANCELLED}: marked failed by {by} while {replica.state}"
+    try:
+        replica.transition(
+            ReplicaState.FAILED, detail=reason, by=by, reason=reason, updated_at=timezone.now()
+        )
+    except ApiError:
+        raise moved_on("replica", replica.pk) from None
 
 
 KINDS = (

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
 
 from django.db import models
 from django.utils import timezone
+
+from apps.backups.codes import INVALID_BACKUP_STATE, INVALID_RESTORE_STATE
+from apps.core.transitions import StatefulModel
 
 
 class BackupState(models.TextChoices):
@@ -17,6 +20,19 @@ class BackupState(models.TextChoices):
 
 BACKUP_ACTIVE = (BackupState.QUEUED, BackupState.RUNNING)
 
+# Allowed moves, as taking, verifying, retention and the stuck-work watchdog make them: a worker claims a
+# queued backup (running) and finishes it (completed, or failed; an interrupted one is swept to failed);
+# verification makes a completed or verified backup verified (again) or failed; retention expires a
+# completed or verified one; an operator marks a queued or completed one failed while it waits.
+BACKUP_TRANSITIONS: dict[str, tuple[str, ...]] = {
+    BackupState.QUEUED: (BackupState.RUNNING, BackupState.FAILED),
+    BackupState.RUNNING: (BackupState.COMPLETED, BackupState.FAILED),
+    BackupState.COMPLETED: (BackupState.VERIFIED, BackupState.FAILED, BackupState.EXPIRED),
+    BackupState.VERIFIED: (BackupState.VERIFIED, BackupState.FAILED, BackupState.EXPIRED),
+    BackupState.FAILED: (),
+    BackupState.EXPIRED: (),
+}
+
 
 class BackupQuerySet(models.QuerySet["Backup"]):
     def eligible(self) -> BackupQuerySet:
@@ -27,8 +43,11 @@ class BackupQuerySet(models.QuerySet["Backup"]):
         return self.eligible().order_by("-consistent_as_of", "-id").first()
 
 
-class Backup(models.Model):
+class Backup(StatefulModel):
     """A snapshot of the control-plane database in its own directory, described by a manifest."""
+
+    TRANSITIONS = BACKUP_TRANSITIONS
+    INVALID_STATE_CODE = INVALID_BACKUP_STATE
 
     state = models.CharField(max_length=16, choices=BackupState.choices, default=BackupState.QUEUED)
     reason_code = models.CharField(max_length=64, blank=True)
@@ -64,14 +83,11 @@ class Backup(models.Model):
     def restore_eligible(self) -> bool:
         return self.state == BackupState.VERIFIED
 
-    def set_state(self, state: str, detail: str = "", **fields: Any) -> None:
-        """Record a state change and its event row."""
-        before = self.state
-        self.state = state
-        for key, value in fields.items():
-            setattr(self, key, value)
-        self.save(update_fields=["state", *fields])
-        BackupEvent.objects.create(backup=self, from_state=before, to_state=state, detail=detail[:2000])
+    def state_subject(self) -> str:
+        return f"Backup #{self.pk}"
+
+    def record_transition(self, before: str, to: str, *, at: datetime, detail: str, by: str) -> None:
+        BackupEvent.objects.create(backup=self, from_state=before, to_state=to, at=at, detail=detail[:2000])
 
 
 class BackupEvent(models.Model):
@@ -97,6 +113,17 @@ class RestoreState(models.TextChoices):
     FAILED = "failed", "Failed (RESTORE_FAILED)"
 
 
+# Allowed moves, as a restore's run and the stuck-work watchdog make them: a worker claims a queued restore
+# (running) and finishes it (completed, or failed awaiting review; an interrupted one is swept to failed);
+# an operator cancels a queued one (failed) before it starts.
+RESTORE_TRANSITIONS: dict[str, tuple[str, ...]] = {
+    RestoreState.QUEUED: (RestoreState.RUNNING, RestoreState.FAILED),
+    RestoreState.RUNNING: (RestoreState.COMPLETED, RestoreState.FAILED),
+    RestoreState.COMPLETED: (),
+    RestoreState.FAILED: (),
+}
+
+
 class RestorePhaseName(models.TextChoices):
     PRE_CHECKS = "pre_checks", "Pre-checks"
     RESTORE = "restore", "Restore into a new database"
@@ -110,8 +137,11 @@ class ReviewDecision(models.TextChoices):
     ABANDON = "abandon", "Abandoned (left-over database dropped)"
 
 
-class Restore(models.Model):
+class Restore(StatefulModel):
     """An operator's restore of a verified backup, run in recorded phases; the switch-over is last."""
+
+    TRANSITIONS = RESTORE_TRANSITIONS
+    INVALID_STATE_CODE = INVALID_RESTORE_STATE
 
     backup = models.ForeignKey(Backup, on_delete=models.PROTECT, related_name="restores")
     state = models.CharField(max_length=16, choices=RestoreState.choices, default=RestoreState.QUEUED)
@@ -153,6 +183,15 @@ class Restore(models.Model):
 
     def __str__(self) -> str:
         return f"restore #{self.pk} of backup #{self.backup_id} ({self.state})"
+
+    def state_subject(self) -> str:
+        return f"Restore #{self.pk}"
+
+    def record_transition(self, before: str, to: str, *, at: datetime, detail: str, by: str) -> None:
+        """No event table: a restore's history is its ``RestorePhase`` rows (each phase as it starts and
+        ends, with its outcome) and its own failure and review fields. Its last move happens in the
+        database it has just switched over to, where only the catalogue tables were carried
+        (apps.backups.restore.CATALOGUE_TABLES); a fifth table there is a risk with no reader."""
 
 
 class RestorePhase(models.Model):

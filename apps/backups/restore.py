@@ -152,14 +152,17 @@ def sweep_interrupted() -> int:
                 continue
             message = f"the restore's process died during {restore.phase or 'start-up'}; it is not resumed"
             with transaction.atomic():
-                if not Restore.objects.filter(pk=restore.pk, state=RestoreState.RUNNING).update(
-                    state=RestoreState.FAILED,
-                    failure_code=codes.RESTORE_FAILED,
-                    failure_message=message,
-                    needs_review=True,
-                    finished_at=timezone.now(),
-                ):
-                    continue
+                try:
+                    restore.transition(
+                        RestoreState.FAILED,
+                        detail=message,
+                        failure_code=codes.RESTORE_FAILED,
+                        failure_message=message,
+                        needs_review=True,
+                        finished_at=timezone.now(),
+                    )
+                except ApiError:
+                    continue  # it moved on meanwhile
                 restore.phases.filter(finished_at__isnull=True).update(
                     finished_at=timezone.now(), outcome="interrupted", detail=message
                 )
@@ -212,11 +215,17 @@ def run(restore_id: int) -> str:
     sweep_interrupted()
     try:
         with pgtools.liveness_lock(server, lock_key(restore_id)):
-            if not Restore.objects.filter(pk=restore_id, state=RestoreState.QUEUED).update(
-                state=RestoreState.RUNNING, started_at=timezone.now()
-            ):
+            restore = (
+                Restore.objects.select_related("backup")
+                .filter(pk=restore_id, state=RestoreState.QUEUED)
+                .first()
+            )
+            if restore is None:
                 return "skipped"
-            restore = Restore.objects.select_related("backup").get(pk=restore_id)
+            try:
+                restore.transition(RestoreState.RUNNING, started_at=timezone.now())
+            except ApiError:
+                return "skipped"  # another worker claimed it first
             try:
                 _run_phases(server, restore)
             except Exception as exc:
@@ -225,8 +234,9 @@ def run(restore_id: int) -> str:
                 message = f"{restore.phase}: {exc}"[:4000]
                 if restore.target_database and not restore.switched_over:
                     pgtools.drop_database(server, restore.target_database)
-                Restore.objects.filter(pk=restore_id).update(
-                    state=RestoreState.FAILED,
+                restore.transition(
+                    RestoreState.FAILED,
+                    detail=message,
                     failure_code=codes.RESTORE_FAILED,
                     failure_message=message,
                     needs_review=True,
@@ -324,9 +334,7 @@ def _run_phases(server: pgtools.Server, restore: Restore) -> None:
         if not Restore.objects.filter(pk=restore.pk, switched_over=True).exists():
             raise PhaseFailed("the service database does not hold this restore's record")
         detail["text"] = "the service database answers; invariants hold; no migration due"
-    Restore.objects.filter(pk=restore.pk).update(
-        state=RestoreState.COMPLETED, finished_at=timezone.now(), phase=""
-    )
+    restore.transition(RestoreState.COMPLETED, finished_at=timezone.now(), phase="")
 
 
 def _known_migrations() -> set[str]:

@@ -112,13 +112,13 @@ def take(backup_id: int) -> str:
     sweep_interrupted()
     try:
         with pgtools.liveness_lock(server, backup_id):
-            claimed = Backup.objects.filter(pk=backup_id, state=BackupState.QUEUED).update(
-                state=BackupState.RUNNING, started_at=timezone.now(), phase="destination"
-            )
-            if not claimed:
+            backup = Backup.objects.filter(pk=backup_id, state=BackupState.QUEUED).first()
+            if backup is None:
                 return "skipped"
-            backup = Backup.objects.get(pk=backup_id)
-            backup.events.create(from_state=BackupState.QUEUED, to_state=BackupState.RUNNING)
+            try:
+                backup.transition(BackupState.RUNNING, started_at=timezone.now(), phase="destination")
+            except ApiError:
+                return "skipped"  # another worker claimed it first
             directory: Path | None = None
             try:
                 directory = _prepare_destination(backup)
@@ -270,7 +270,7 @@ def _dump(server: pgtools.Server, backup: Backup, directory: Path) -> None:
     Backup.objects.filter(pk=backup.pk).update(phase="manifest")
     _write_manifest(directory, manifest)
     backup.refresh_from_db()
-    backup.set_state(
+    backup.transition(
         BackupState.COMPLETED,
         detail=f"{files[0]['size']} bytes, consistent as of {consistent_as_of.isoformat()}",
         phase="",
@@ -323,7 +323,7 @@ def _fail(backup: Backup, directory: Path | None, code: str, message: str) -> No
     if directory is not None:
         shutil.rmtree(directory, ignore_errors=True)
     backup.refresh_from_db()
-    backup.set_state(
+    backup.transition(
         BackupState.FAILED,
         detail=f"{code}: {message}",
         phase="",
@@ -356,21 +356,19 @@ def sweep_interrupted() -> int:
         for backup in running:
             if pgtools.is_alive(conn, backup.pk):
                 continue
+            interrupted = f"interrupted while {backup.phase or 'starting'}; never restore-eligible"
             with transaction.atomic():
-                claimed = Backup.objects.filter(pk=backup.pk, state=BackupState.RUNNING).update(
-                    state=BackupState.FAILED,
-                    phase="",
-                    reason_code=codes.MANIFEST_INCOMPLETE,
-                    reason_message=f"interrupted while {backup.phase or 'starting'}; never restore-eligible",
-                    finished_at=timezone.now(),
-                )
-                if not claimed:
-                    continue
-                backup.events.create(
-                    from_state=BackupState.RUNNING,
-                    to_state=BackupState.FAILED,
-                    detail=f"{codes.MANIFEST_INCOMPLETE}: the backup's process died while {backup.phase}",
-                )
+                try:
+                    backup.transition(
+                        BackupState.FAILED,
+                        detail=f"{codes.MANIFEST_INCOMPLETE}: the backup's process died while {backup.phase}",
+                        phase="",
+                        reason_code=codes.MANIFEST_INCOMPLETE,
+                        reason_message=interrupted,
+                        finished_at=timezone.now(),
+                    )
+                except ApiError:
+                    continue  # it moved on meanwhile
             if backup.directory:
                 shutil.rmtree(backup.directory, ignore_errors=True)
             backup.refresh_from_db()
@@ -423,7 +421,7 @@ def prune(now: datetime | None = None) -> list[int]:
             continue
         if backup.directory:
             shutil.rmtree(backup.directory, ignore_errors=True)
-        backup.set_state(BackupState.EXPIRED, detail="removed by retention", expired_at=now)
+        backup.transition(BackupState.EXPIRED, detail="removed by retention", expired_at=now)
         expired.append(backup.pk)
     # A backup that failed verification keeps its files for inspection, until retention's age.
     for backup in Backup.objects.filter(

@@ -140,7 +140,7 @@ def _verify(backup_id: int) -> str:
             else VerificationFailed("scratch", f"{type(error).__name__}: {error}")
         )
         steps.update(ok=False, failed_step=failure.step, message=failure.message)
-        backup.set_state(
+        backup.transition(
             BackupState.FAILED,
             detail=f"{codes.VERIFICATION_FAILED} at {failure.step}: {failure.message}",
             reason_code=codes.VERIFICATION_FAILED,
@@ -152,7 +152,7 @@ def _verify(backup_id: int) -> str:
     finally:
         pgtools.drop_database(server, scratch)
     steps.update(ok=True, seconds=round(time.monotonic() - started, 3))
-    backup.set_state(
+    backup.transition(
         BackupState.VERIFIED,
         detail=f"restored into a scratch database and checked in {steps['seconds']} s",
         verified_at=timezone.now(),

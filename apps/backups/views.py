@@ -14,9 +14,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from apps.alerts.models import Alert
-from apps.backups import codes, restore, snapshot
+from apps.backups import codes, restore, services, snapshot
 from apps.backups.models import Backup, Restore
-from apps.backups.tasks import run_restore, take_backup, verify_backup
+from apps.backups.tasks import run_restore, take_backup
 from modelforge.dispatch import send_on_commit
 from modelforge.errors import ApiError
 from modelforge.validators import checked_text
@@ -78,8 +78,11 @@ def backup_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
     backup = get_object_or_404(Backup, pk=pk)
     try:
         if action == "verify":
-            send_on_commit(verify_backup, backup.pk)
-            messages.info(request, f"Verifying backup #{backup.pk} again.")
+            if services.request_verification(backup):
+                messages.info(request, f"Verifying backup #{backup.pk} again.")
+            else:
+                nothing = f"Backup #{backup.pk} is {backup.state}: there is nothing to verify."
+                messages.warning(request, nothing)
         elif action == "restore":
             reason = checked_text("reason", request.POST.get("reason", ""), lines=True)
             queued = restore.request_restore(backup, by=request.user.get_username(), reason=reason)

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
-from apps.backups.models import Backup, BackupEvent, BackupState, Restore, RestoreState
+from apps.backups.models import Backup, BackupState, Restore, RestoreState
 from apps.core.work import WORK_CANCELLED, Kind, Waiting, bound, moved_on
 from modelforge.dispatch import send
+from modelforge.errors import ApiError
 
 
 def _backups() -> Iterable[Waiting]:
@@ -50,17 +50,16 @@ def _resend_backup(backup: Any) -> None:
 
 def _fail_backup(backup: Any, by: str) -> None:
     message = f"marked failed by {by} while {backup.state}"
-    with transaction.atomic():
-        if not Backup.objects.filter(pk=backup.pk, state=backup.state).update(
-            state=BackupState.FAILED,
+    try:
+        backup.transition(
+            BackupState.FAILED,
+            detail=message,
             reason_code=WORK_CANCELLED,
             reason_message=message,
             finished_at=timezone.now(),
-        ):
-            raise moved_on("backup", backup.pk)
-        BackupEvent.objects.create(
-            backup=backup, from_state=backup.state, to_state=BackupState.FAILED, detail=message
         )
+    except ApiError:
+        raise moved_on("backup", backup.pk) from None
 
 
 def _restores() -> Iterable[Waiting]:
@@ -85,13 +84,17 @@ def _resend_restore(restore: Any) -> None:
 
 
 def _fail_restore(restore: Any, by: str) -> None:
-    if not Restore.objects.filter(pk=restore.pk, state=RestoreState.QUEUED).update(
-        state=RestoreState.FAILED,
-        failure_code=WORK_CANCELLED,
-        failure_message=f"cancelled by {by} before it started; the service database was not touched",
-        finished_at=timezone.now(),
-    ):
-        raise moved_on("restore", restore.pk)
+    try:
+        restore.transition(
+            RestoreState.FAILED,
+            detail=f"cancelled by {by} before it started",
+            by=by,
+            failure_code=WORK_CANCELLED,
+            failure_message=f"cancelled by {by} before it started; the service database was not touched",
+            finished_at=timezone.now(),
+        )
+    except ApiError:
+        raise moved_on("restore", restore.pk) from None
 
 
 KINDS = (

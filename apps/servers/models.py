@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from django.db import models
 from django.utils import timezone
 
+from apps.core.transitions import StatefulModel
 from apps.nodes.models import GPU, Node
 from apps.servers.choices import HOLDING, TRANSITIONS, RestartPolicy, ServerState
 from apps.servers.codes import INVALID_SERVER_STATE
@@ -14,8 +16,11 @@ from modelforge.errors import ApiError
 from modelforge.errors import codes as error_codes
 
 
-class ModelServer(models.Model):
+class ModelServer(StatefulModel):
     """A model server to run: which profile and model, where it was placed, and its state."""
+
+    TRANSITIONS = TRANSITIONS
+    INVALID_STATE_CODE = INVALID_SERVER_STATE
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     name = models.CharField(max_length=63, unique=True)
@@ -53,36 +58,21 @@ class ModelServer(models.Model):
     def __str__(self) -> str:
         return self.name
 
-    def transition(self, to: str, *, detail: str = "", **fields: Any) -> None:
-        """Move to ``to`` if allowed from the current state, with a compare-and-swap on the state, and
-        leave an event row. Raises ``INVALID_SERVER_STATE`` otherwise."""
-        if to not in TRANSITIONS[self.state]:
-            raise ApiError(
-                INVALID_SERVER_STATE,
-                f"Server {self.name} is {self.state}; it cannot become {to}.",
-                409,
-            )
-        now = timezone.now()
+    def state_subject(self) -> str:
+        return f"Server {self.name}"
+
+    def transition_fields(self, to: str, now: datetime, fields: dict[str, Any]) -> None:
         if to == ServerState.RUNNING:
             fields.setdefault("running_at", now)
         if to in (ServerState.STOPPED, ServerState.FAILED):
             fields.setdefault("stopped_at", now)
-        moved = ModelServer.objects.filter(pk=self.pk, state=self.state).update(state=to, **fields)
-        if not moved:
-            current = ModelServer.objects.values_list("state", flat=True).get(pk=self.pk)
-            raise ApiError(
-                INVALID_SERVER_STATE,
-                f"Server {self.name} changed to {current} meanwhile; it cannot become {to}.",
-                409,
-            )
-        ServerEvent.objects.create(
-            server=self, from_state=self.state, to_state=to, at=now, detail=detail[:500]
-        )
+
+    def record_transition(self, before: str, to: str, *, at: datetime, detail: str, by: str) -> None:
+        ServerEvent.objects.create(server=self, from_state=before, to_state=to, at=at, detail=detail[:500])
+
+    def after_transition(self, before: str, to: str) -> None:
         if to not in HOLDING:
             Reservation.objects.filter(server=self).delete()
-        self.state = to
-        for name, value in fields.items():
-            setattr(self, name, value)
 
     def request_stop(self, by: str) -> None:
         """Ask the agent to stop the process; the stop task finishes the transition."""

@@ -2,20 +2,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.artifacts import acquisition, replication
+from apps.artifacts import acquisition, replication, services
 from apps.artifacts.api.serializers import (
     AmendSerializer,
     ArtifactSerializer,
     ReleaseSerializer,
     ReplicaSerializer,
 )
-from apps.artifacts.models import Artifact, ArtifactState, Replica
+from apps.artifacts.models import Artifact, Replica
 from apps.artifacts.tasks import acquire
 from apps.artifacts.tasks import rehydrate as rehydrate_task
 from modelforge.dispatch import send_on_commit
@@ -72,21 +72,15 @@ class ArtifactViewSet(
         send_on_commit(rehydrate_task, artifact.pk)
         return Response(ArtifactSerializer(artifact).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(
-        request=None,
-        responses={
-            202: ArtifactSerializer,
-            200: OpenApiResponse(
-                ArtifactSerializer, description="Not failed: nothing to retry, nothing is sent."
-            ),
-        },
-    )
+    @extend_schema(request=None, responses={202: ArtifactSerializer})
     @action(detail=True, methods=["post"])
     def retry(self, request: Request, pk: Any = None) -> Response:
-        artifact = self.get_object()
-        if artifact.state != ArtifactState.FAILED:
-            return Response(ArtifactSerializer(artifact).data, status=status.HTTP_200_OK)
-        send_on_commit(acquire, artifact.pk)
+        """Acquire a failed artifact again from its recorded upstream. Refused up front, nothing sent:
+        409 ``ARTIFACT_NOT_FAILED`` (only a failed acquisition is retried) or 409
+        ``ARTIFACT_REHYDRATION_BLOCKED`` (register a new artifact instead)."""
+        artifact = services.retry_acquisition(
+            self.get_object(), by=str(getattr(request.user, "username", request.user))
+        )
         return Response(ArtifactSerializer(artifact).data, status=status.HTTP_202_ACCEPTED)
 
 

@@ -10,7 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.alerts.models import Alert
-from apps.backups import codes, restore, snapshot
+from apps.backups import codes, restore, services, snapshot
 from apps.backups.api.serializers import (
     BackupSerializer,
     BackupSummarySerializer,
@@ -18,8 +18,8 @@ from apps.backups.api.serializers import (
     RestoreSerializer,
     ReviewSerializer,
 )
-from apps.backups.models import Backup, BackupState, Restore, ReviewDecision
-from apps.backups.tasks import run_restore, take_backup, verify_backup
+from apps.backups.models import Backup, Restore, ReviewDecision
+from apps.backups.tasks import run_restore, take_backup
 from modelforge.dispatch import send_on_commit
 
 
@@ -52,10 +52,10 @@ class BackupViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     def verify(self, request: Request, pk: Any = None) -> Response:
         """Verify again (a verified backup whose files changed becomes failed / VERIFICATION_FAILED)."""
         backup = self.get_object()
-        if backup.state not in (BackupState.COMPLETED, BackupState.VERIFIED):
-            return Response(BackupSerializer(backup).data, status=status.HTTP_200_OK)
-        send_on_commit(verify_backup, backup.pk)
-        return Response(BackupSerializer(backup).data, status=status.HTTP_202_ACCEPTED)
+        sent = services.request_verification(backup)
+        return Response(
+            BackupSerializer(backup).data, status=status.HTTP_202_ACCEPTED if sent else status.HTTP_200_OK
+        )
 
     @extend_schema(responses=BackupSummarySerializer)
     @action(detail=False, methods=["get"])

@@ -249,7 +249,7 @@ def test_retry_of_a_stopping_server_and_a_requested_artifact_sends_their_tasks(o
 
 def test_retry_of_an_acquisition_whose_worker_died_acquires_it_again(operator_client, sent):
     artifact = requested_artifact(HOUR)
-    artifact.set_state("acquiring", "acquiring")  # no worker holds its lock: the worker is gone
+    artifact.transition("acquiring", detail="acquiring")  # no worker holds its lock: the worker is gone
     (row,) = rows_of(operator_client.get("/api/v1/system/work?kind=artifact"))
     assert (row["state"], row["stuck_after_seconds"], row["stuck"]) == ("acquiring", 0, True)
 
@@ -264,7 +264,7 @@ def test_retry_of_an_acquisition_that_still_runs_is_work_not_waiting(operator_cl
     from apps.artifacts import locks
 
     artifact = requested_artifact(HOUR)
-    artifact.set_state("acquiring", "acquiring")
+    artifact.transition("acquiring", detail="acquiring")
     with locks.acquiring(artifact.pk):  # a live worker holds it
         (row,) = rows_of(operator_client.get("/api/v1/system/work?kind=artifact"))
         assert (row["stuck_after_seconds"], row["stuck"]) == (settings.WORK_LONG_TASK_BOUND, False)
