@@ -31,6 +31,19 @@ def close_the_monitoring_connection() -> Iterator[None]:
     connections["observability"].close()
 
 
+@pytest.fixture(autouse=True)
+def no_gateway_traffic_counted(settings) -> None:
+    """The sampler copies the load balancer's per-minute traffic from the shared test Redis: counters left
+    there by the gateway's tests (kept an hour) would be sampled too, so each test starts without them."""
+    import redis
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=1, socket_timeout=1)
+    for pattern in ("modelforge:lb:traffic:*", "modelforge:lb:errors:*", "modelforge:lb:busy:*"):
+        keys = list(client.scan_iter(pattern, count=1000))
+        if keys:
+            client.delete(*keys)
+
+
 @pytest.fixture
 def reporting_node() -> tuple[Node, str]:
     node, credential = make_node(name="gpu-a")
