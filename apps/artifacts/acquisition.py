@@ -445,19 +445,27 @@ def discard(artifact: Artifact) -> None:
     shutil.rmtree(store_dir(artifact), ignore_errors=True)
 
 
+def rehydration_refusal(artifact: Artifact) -> ApiError | None:
+    """Why ``artifact`` may not be rehydrated, or None: it needs recorded files to verify against, and
+    rehydration restores bytes; it is never a way out of quarantine."""
+    if not artifact.files:
+        return ApiError(
+            "VALIDATION_ERROR", f"Artifact {artifact.name} has no recorded files to verify against.", 400
+        )
+    if artifact.state == ArtifactState.QUARANTINED:
+        return ApiError(
+            codes.ARTIFACT_QUARANTINED, f"Artifact {artifact.name} is quarantined; release it first.", 409
+        )
+    return None
+
+
 def rehydrate(artifact: Artifact) -> Artifact:
     """Re-acquire the store's copy from the recorded upstream identity only, and verify it against the
     recorded digests. Anything else — the upstream gone, changed, or not matching — is
     ``ARTIFACT_REHYDRATION_BLOCKED`` with what was tried: never a fallback to another source."""
-    if not artifact.files:
-        raise ApiError(
-            "VALIDATION_ERROR", f"Artifact {artifact.name} has no recorded files to verify against.", 400
-        )
-    if artifact.state == ArtifactState.QUARANTINED:
-        # Rehydration restores bytes; it is never a way out of quarantine.
-        raise ApiError(
-            codes.ARTIFACT_QUARANTINED, f"Artifact {artifact.name} is quarantined; release it first.", 409
-        )
+    refusal = rehydration_refusal(artifact)
+    if refusal is not None:
+        raise refusal
     tried = f"{artifact.source_kind} {artifact.locator}" + (
         f" at {artifact.revision}" if artifact.revision else ""
     )

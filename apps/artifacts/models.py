@@ -5,23 +5,9 @@ from datetime import datetime
 from django.db import models
 from django.utils import timezone
 
+from apps.artifacts.choices import ArtifactState, ReplicaState, SourceKind
 from apps.artifacts.codes import INVALID_ARTIFACT_STATE, INVALID_REPLICA_STATE
 from apps.core.transitions import StatefulModel
-
-
-class SourceKind(models.TextChoices):
-    LOCAL = "local", "Local or NFS path"
-    HTTP = "http", "HTTP(S) URL"
-    HUGGINGFACE = "huggingface", "Hugging Face repository at a revision"
-
-
-class ArtifactState(models.TextChoices):
-    REQUESTED = "requested", "Requested"
-    ACQUIRING = "acquiring", "Acquiring"
-    READY = "ready", "Ready"
-    QUARANTINED = "quarantined", "Quarantined"
-    FAILED = "failed", "Failed"
-
 
 # Allowed moves, as acquisition, release, rehydration and the stuck-work watchdog make them:
 # acquire (requested or failed -> acquiring -> ready | quarantined | failed; a source refused before the
@@ -113,13 +99,6 @@ class ArtifactEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.artifact_id} {self.from_state}->{self.to_state}"
-
-
-class ReplicaState(models.TextChoices):
-    REQUESTED = "requested", "Requested"
-    COPYING = "copying", "Copying"
-    PRESENT = "present", "Present"
-    FAILED = "failed", "Failed"
 
 
 # Allowed moves, as replication and the stuck-work watchdog make them: asked for (again: a requested or

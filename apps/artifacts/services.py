@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from apps.artifacts import codes
+from apps.artifacts import acquisition, codes
 from apps.artifacts.models import Artifact, ArtifactState
 from modelforge.dispatch import send_on_commit
 from modelforge.errors import ApiError
@@ -53,4 +53,18 @@ def retry_acquisition(artifact: Artifact, *, by: str) -> Artifact:
         raise refusal
     send_on_commit(acquire, artifact.pk)
     logger.info("artifact %s: acquisition retried by %s", artifact.name, by)
+    return artifact
+
+
+def request_rehydration(artifact: Artifact, *, by: str) -> Artifact:
+    """Re-acquire the store's copy from the recorded upstream, or refuse up front with what
+    ``acquisition.rehydrate`` would refuse (no recorded files: ``VALIDATION_ERROR``; quarantined:
+    ``ARTIFACT_QUARANTINED``). The worker checks again, for a state that changed after this answer."""
+    from apps.artifacts.tasks import rehydrate
+
+    refusal = acquisition.rehydration_refusal(artifact)
+    if refusal is not None:
+        raise refusal
+    send_on_commit(rehydrate, artifact.pk)
+    logger.info("artifact %s: rehydration requested by %s", artifact.name, by)
     return artifact

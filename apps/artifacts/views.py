@@ -15,7 +15,7 @@ from django.views.decorators.http import require_POST
 
 from apps.artifacts import acquisition, replication, services
 from apps.artifacts.models import Artifact, SourceKind
-from apps.artifacts.tasks import acquire, rehydrate
+from apps.artifacts.tasks import acquire
 from apps.nodes.models import Node
 from modelforge.dispatch import send_on_commit
 from modelforge.errors import ApiError, describe_validation
@@ -107,7 +107,7 @@ def artifact_action(request: HttpRequest, pk: int, action: str) -> HttpResponse:
             else:
                 messages.success(request, f"{artifact.name} released: every check passes.")
         elif action == "rehydrate":
-            send_on_commit(rehydrate, artifact.pk)
+            services.request_rehydration(artifact, by=by)
             messages.info(request, f"Rehydrating {artifact.name} from its recorded upstream.")
     except ApiError as exc:
         messages.error(request, f"{exc.code}: {exc.message}")

@@ -5,18 +5,9 @@ from datetime import datetime
 from django.db import models
 from django.utils import timezone
 
+from apps.backups.choices import BackupState, RestorePhaseName, RestoreState, ReviewDecision
 from apps.backups.codes import INVALID_BACKUP_STATE, INVALID_RESTORE_STATE
 from apps.core.transitions import StatefulModel
-
-
-class BackupState(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    RUNNING = "running", "Running"
-    COMPLETED = "completed", "Completed (not yet verified)"
-    VERIFIED = "verified", "Verified (restore-eligible)"
-    FAILED = "failed", "Failed"
-    EXPIRED = "expired", "Expired (files removed by retention)"
-
 
 BACKUP_ACTIVE = (BackupState.QUEUED, BackupState.RUNNING)
 
@@ -106,13 +97,6 @@ class BackupEvent(models.Model):
         return f"{self.backup_id} {self.from_state}->{self.to_state}"
 
 
-class RestoreState(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    RUNNING = "running", "Running"
-    COMPLETED = "completed", "Completed"
-    FAILED = "failed", "Failed (RESTORE_FAILED)"
-
-
 # Allowed moves, as a restore's run and the stuck-work watchdog make them: a worker claims a queued restore
 # (running) and finishes it (completed, or failed awaiting review; an interrupted one is swept to failed);
 # an operator cancels a queued one (failed) before it starts.
@@ -122,19 +106,6 @@ RESTORE_TRANSITIONS: dict[str, tuple[str, ...]] = {
     RestoreState.COMPLETED: (),
     RestoreState.FAILED: (),
 }
-
-
-class RestorePhaseName(models.TextChoices):
-    PRE_CHECKS = "pre_checks", "Pre-checks"
-    RESTORE = "restore", "Restore into a new database"
-    VERIFICATION = "verification", "Verification"
-    SWITCH_OVER = "switch_over", "Switch-over"
-    POST_CHECKS = "post_checks", "Post-checks"
-
-
-class ReviewDecision(models.TextChoices):
-    ACKNOWLEDGE = "acknowledge", "Acknowledged (outcome stands)"
-    ABANDON = "abandon", "Abandoned (left-over database dropped)"
 
 
 class Restore(StatefulModel):

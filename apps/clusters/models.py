@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
+from apps.clusters.choices import Algorithm
 from apps.servers.models import ModelServer
 
 CAPABILITY = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}@[1-9][0-9]{0,5}$")
@@ -18,11 +19,6 @@ CREDENTIAL_PREFIX = "mfc_"
 
 def digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
-
-
-class Algorithm(models.TextChoices):
-    WEIGHTED_ROUND_ROBIN = "weighted_round_robin", "Weighted round-robin (smooth)"
-    LEAST_CONNECTIONS = "least_connections", "Least connections"
 
 
 class Capability(models.Model):

@@ -17,7 +17,6 @@ from apps.artifacts.api.serializers import (
 )
 from apps.artifacts.models import Artifact, Replica
 from apps.artifacts.tasks import acquire
-from apps.artifacts.tasks import rehydrate as rehydrate_task
 from modelforge.dispatch import send_on_commit
 
 
@@ -67,9 +66,12 @@ class ArtifactViewSet(
     @extend_schema(request=None, responses={202: ArtifactSerializer})
     @action(detail=True, methods=["post"])
     def rehydrate(self, request: Request, pk: Any = None) -> Response:
-        """Re-acquire a lost or corrupt store copy from the recorded upstream only (never elsewhere)."""
-        artifact = self.get_object()
-        send_on_commit(rehydrate_task, artifact.pk)
+        """Re-acquire a lost or corrupt store copy from the recorded upstream only (never elsewhere).
+        Refused up front, nothing sent: 400 ``VALIDATION_ERROR`` (no recorded files to verify against)
+        or 409 ``ARTIFACT_QUARANTINED`` (release it first)."""
+        artifact = services.request_rehydration(
+            self.get_object(), by=str(getattr(request.user, "username", request.user))
+        )
         return Response(ArtifactSerializer(artifact).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=None, responses={202: ArtifactSerializer})

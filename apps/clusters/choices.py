@@ -1,0 +1,8 @@
+"""The clusters app's choices: the states and kinds its models and surfaces name."""
+
+from django.db import models
+
+
+class Algorithm(models.TextChoices):
+    WEIGHTED_ROUND_ROBIN = "weighted_round_robin", "Weighted round-robin (smooth)"
+    LEAST_CONNECTIONS = "least_connections", "Least connections"
