@@ -450,7 +450,10 @@ def rehydration_refusal(artifact: Artifact) -> ApiError | None:
     rehydration restores bytes; it is never a way out of quarantine."""
     if not artifact.files:
         return ApiError(
-            "VALIDATION_ERROR", f"Artifact {artifact.name} has no recorded files to verify against.", 400
+            codes.ARTIFACT_HAS_NO_FILES,
+            f"Artifact {artifact.name} has no recorded files to verify against; it was never acquired: "
+            "retry its acquisition instead.",
+            409,
         )
     if artifact.state == ArtifactState.QUARANTINED:
         return ApiError(

@@ -10,6 +10,8 @@ INVALID_ARTIFACT_STATE = "INVALID_ARTIFACT_STATE"
 INVALID_REPLICA_STATE = "INVALID_REPLICA_STATE"
 # Retry of an acquisition refused: only a failed one is acquired again (apps.artifacts.services).
 ARTIFACT_NOT_FAILED = "ARTIFACT_NOT_FAILED"
+# Rehydration refused: no recorded files to verify the upstream's bytes against (never acquired).
+ARTIFACT_HAS_NO_FILES = "ARTIFACT_HAS_NO_FILES"
 # A local path the control plane may not read (outside MODELFORGE_ARTIFACT_LOCAL_ROOTS, or its own data).
 LOCAL_SOURCE_NOT_ALLOWED = "LOCAL_SOURCE_NOT_ALLOWED"
 

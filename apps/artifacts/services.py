@@ -58,7 +58,7 @@ def retry_acquisition(artifact: Artifact, *, by: str) -> Artifact:
 
 def request_rehydration(artifact: Artifact, *, by: str) -> Artifact:
     """Re-acquire the store's copy from the recorded upstream, or refuse up front with what
-    ``acquisition.rehydrate`` would refuse (no recorded files: ``VALIDATION_ERROR``; quarantined:
+    ``acquisition.rehydrate`` would refuse (no recorded files: ``ARTIFACT_HAS_NO_FILES``; quarantined:
     ``ARTIFACT_QUARANTINED``). The worker checks again, for a state that changed after this answer."""
     from apps.artifacts.tasks import rehydrate
 

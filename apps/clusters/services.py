@@ -114,3 +114,11 @@ def create_cluster(
             )
             attach(member, server)
     return cluster
+
+
+def delete_cluster(cluster: Cluster) -> None:
+    """Delete ``cluster`` with its members and routing tiers; refused while a server is attached (routing
+    would be pulled from under live traffic): detach the servers first."""
+    with transaction.atomic():
+        _lock([cluster])
+        cluster.delete()

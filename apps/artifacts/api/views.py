@@ -67,7 +67,7 @@ class ArtifactViewSet(
     @action(detail=True, methods=["post"])
     def rehydrate(self, request: Request, pk: Any = None) -> Response:
         """Re-acquire a lost or corrupt store copy from the recorded upstream only (never elsewhere).
-        Refused up front, nothing sent: 400 ``VALIDATION_ERROR`` (no recorded files to verify against)
+        Refused up front, nothing sent: 409 ``ARTIFACT_HAS_NO_FILES`` (nothing recorded to verify against)
         or 409 ``ARTIFACT_QUARANTINED`` (release it first)."""
         artifact = services.request_rehydration(
             self.get_object(), by=str(getattr(request.user, "username", request.user))

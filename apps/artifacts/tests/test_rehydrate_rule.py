@@ -52,8 +52,8 @@ def test_the_api_refuses_to_rehydrate_an_artifact_with_no_recorded_files(
     item = artifact("failed")
     with django_capture_on_commit_callbacks() as sent:
         response = operator_client.post(f"/api/v1/artifacts/{item.pk}/rehydrate")
-    assert response.status_code == 400
-    assert response.json()["code"] == "VALIDATION_ERROR"
+    assert response.status_code == 409
+    assert response.json()["code"] == "ARTIFACT_HAS_NO_FILES"
     assert "no recorded files" in response.json()["message"]
     assert sent == []
 

@@ -22,13 +22,17 @@ class CapabilityViewSet(viewsets.ModelViewSet):
 
 
 class ClusterViewSet(viewsets.ModelViewSet):
-    """Clusters. The algorithm may change with servers attached: it is a runtime router knob."""
+    """Clusters. The algorithm may change with servers attached: it is a runtime router knob. Deleting one
+    with servers attached is refused (CLUSTER_MEMBERSHIP_LOCKED): detach them first."""
 
     queryset = Cluster.objects.prefetch_related("members")
     serializer_class = s.ClusterSerializer
 
     def get_serializer_class(self) -> type[s.ClusterSerializer]:
         return s.ClusterCreateSerializer if self.action == "create" else s.ClusterSerializer
+
+    def perform_destroy(self, instance: Cluster) -> None:
+        services.delete_cluster(instance)  # refused while servers are attached (CLUSTER_MEMBERSHIP_LOCKED)
 
     @extend_schema(responses=s.LoadBalancerReportSerializer)
     @action(detail=True, methods=["get"], url_path="load-balancer")

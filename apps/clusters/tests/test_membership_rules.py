@@ -214,3 +214,36 @@ def test_an_admin_save_that_lost_the_race_to_an_attach_is_refused_and_writes_not
     assert "CLUSTER_MEMBERSHIP_LOCKED" in page
     spare.refresh_from_db()
     assert spare.weight == 1
+
+
+# --- Deleting a cluster ---------------------------------------------------------------------------
+# Deleting a cluster removes its members and routing tiers: with a server attached that is routing pulled
+# from under live traffic. The admin refused it (its delete page) while the API deleted it; one rule now.
+
+
+def test_the_api_refuses_to_delete_a_cluster_with_servers_attached(operator_client):
+    cluster, _ = locked_pair()
+    response = operator_client.delete(f"/api/v1/clusters/{cluster.pk}")
+    assert response.status_code == 409
+    assert response.json()["code"] == "CLUSTER_MEMBERSHIP_LOCKED"
+    assert Cluster.objects.filter(pk=cluster.pk).exists()
+    assert cluster.members.count() == 2
+
+
+def test_the_api_deletes_a_cluster_once_its_servers_are_detached(operator_client):
+    cluster, _ = locked_pair()
+    for member in cluster.members.exclude(server=None):
+        services.detach(member)
+    assert operator_client.delete(f"/api/v1/clusters/{cluster.pk}").status_code == 204
+    assert not Cluster.objects.filter(pk=cluster.pk).exists()
+
+
+def test_the_admins_bulk_delete_refuses_a_locked_cluster_and_deletes_nothing(admin_user_client):
+    cluster, _ = locked_pair()
+    free = Cluster.objects.create(name="free")
+    response = admin_user_client.post(
+        "/admin/clusters/cluster/",
+        {"action": "delete_selected", "_selected_action": [cluster.pk, free.pk], "post": "yes"},
+    )
+    assert response.status_code == 403  # the locked cluster's members may not be deleted (the inline's rule)
+    assert Cluster.objects.filter(pk__in=[cluster.pk, free.pk]).count() == 2
