@@ -14,7 +14,7 @@ from pathlib import Path
 import environ
 
 from modelforge import startup
-from modelforge.config import INVALID_SETTING, SettingsReader
+from modelforge.config import SettingsReader
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 RELEASE = "0.1.0"
@@ -76,21 +76,7 @@ LISTENING_GAP = read.integer("MODELFORGE_LISTENING_GAP", 20, minimum=3, maximum=
 # Off only for a test harness whose web process shares a database with tests that move the clock; a
 # control plane without the stamps cannot tell its own absence from its nodes' (refused in production).
 LISTENING_STAMPS = read.boolean("MODELFORGE_LISTENING_STAMPS", True)
-if PRODUCTION and not LISTENING_STAMPS:
-    read.problem(
-        INVALID_SETTING,
-        "MODELFORGE_LISTENING_STAMPS",
-        "must stay true in production: without the web processes' stamps an outage of the control plane "
-        "would be taken for an outage of the fleet",
-    )
-if LISTENING_GAP <= 2 * LIVENESS_SWEEP_INTERVAL:
-    # Every sweep would look like the end of a gap and restart every grace period: nothing would go offline.
-    read.problem(
-        INVALID_SETTING,
-        "MODELFORGE_LISTENING_GAP",
-        f"{LISTENING_GAP} s must be more than twice MODELFORGE_LIVENESS_SWEEP_INTERVAL "
-        f"({LIVENESS_SWEEP_INTERVAL} s), or every sweep restarts the nodes' grace period",
-    )
+# Both are judged by the nodes app's system checks (nodes.E003, nodes.E004: apps/nodes/checks.py).
 # One sweep taking more than this share of online nodes offline at once (in a fleet of at least
 # LIVENESS_MASS_LOSS_MIN_NODES) is suspected as the control plane's fault: held stale, one alert.
 LIVENESS_MASS_LOSS_FRACTION = read.fraction("MODELFORGE_LIVENESS_MASS_LOSS_FRACTION", 0.5)
