@@ -14,6 +14,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from apps.artifacts import acquisition, replication, services
+from apps.artifacts.filtersets import ArtifactFilterSet
 from apps.artifacts.models import Artifact, SourceKind
 from apps.artifacts.tasks import acquire
 from apps.nodes.models import Node
@@ -28,9 +29,7 @@ staff_required: Any = staff_member_required(login_url="dashboard:login")
 @staff_required
 def artifact_list(request: HttpRequest) -> HttpResponse:
     state = request.GET.get("state", "")
-    queryset = Artifact.objects.all()
-    if state:
-        queryset = queryset.filter(state=state)
+    queryset = ArtifactFilterSet(request.GET, queryset=Artifact.objects.all()).qs
     page = Paginator(queryset, 50).get_page(request.GET.get("page"))
     context = {"page": page, "state": state, "source_kinds": SourceKind.choices, "active_nav": "artifacts"}
     return render(request, "artifacts/artifact_list.html", context)

@@ -15,6 +15,7 @@ from django.views.decorators.http import require_POST
 
 from apps.alerts.models import Alert
 from apps.backups import codes, restore, services, snapshot
+from apps.backups.filtersets import BackupFilterSet
 from apps.backups.models import Backup, Restore
 from apps.backups.tasks import run_restore, take_backup
 from modelforge.dispatch import send_on_commit
@@ -27,9 +28,7 @@ staff_required: Any = staff_member_required(login_url="dashboard:login")
 @staff_required
 def backup_list(request: HttpRequest) -> HttpResponse:
     state = request.GET.get("state", "")
-    queryset = Backup.objects.all()
-    if state:
-        queryset = queryset.filter(state=state)
+    queryset = BackupFilterSet(request.GET, queryset=Backup.objects.all()).qs
     context = {
         "page": Paginator(queryset, 50).get_page(request.GET.get("page")),
         "state": state,

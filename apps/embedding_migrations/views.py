@@ -16,6 +16,7 @@ from django.views.decorators.http import require_POST
 from apps.clusters.models import Capability
 from apps.embedding_migrations import engine
 from apps.embedding_migrations.choices import Stage
+from apps.embedding_migrations.filtersets import CutoverFilterSet
 from apps.embedding_migrations.models import ConsumerAlias, Cutover, EmbeddingSpace, VectorStore
 from modelforge.errors import ApiError
 from modelforge.validators import checked_text
@@ -34,9 +35,10 @@ ACTIONS: dict[str, tuple[Callable[..., Cutover], bool]] = {
 @staff_required
 def cutover_list(request: HttpRequest) -> HttpResponse:
     stage = request.GET.get("stage", "")
-    queryset = Cutover.objects.select_related("alias__store", "source_capability", "target_capability")
-    if stage in Stage.values:
-        queryset = queryset.filter(stage=stage)
+    queryset = CutoverFilterSet(
+        request.GET,
+        queryset=Cutover.objects.select_related("alias__store", "source_capability", "target_capability"),
+    ).qs
     context = {
         "page": Paginator(queryset, 50).get_page(request.GET.get("page")),
         "stage": stage,

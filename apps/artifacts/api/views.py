@@ -15,6 +15,7 @@ from apps.artifacts.api.serializers import (
     ReleaseSerializer,
     ReplicaSerializer,
 )
+from apps.artifacts.filtersets import ArtifactFilterSet, ReplicaFilterSet
 from apps.artifacts.models import Artifact, Replica
 from apps.artifacts.tasks import acquire
 from modelforge.dispatch import send_on_commit
@@ -29,7 +30,7 @@ class ArtifactViewSet(
 
     queryset = Artifact.objects.prefetch_related("events")
     serializer_class = ArtifactSerializer
-    filterset_fields = ["state", "source_kind"]
+    filterset_class = ArtifactFilterSet
 
     def perform_create(self, serializer: Any) -> None:
         artifact = serializer.save()
@@ -93,7 +94,7 @@ class ReplicaViewSet(
 
     queryset = Replica.objects.select_related("artifact", "node")
     serializer_class = ReplicaSerializer
-    filterset_fields = ["state", "node", "artifact"]
+    filterset_class = ReplicaFilterSet
 
     @extend_schema(responses={202: ReplicaSerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:

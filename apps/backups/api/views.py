@@ -18,6 +18,7 @@ from apps.backups.api.serializers import (
     RestoreSerializer,
     ReviewSerializer,
 )
+from apps.backups.filtersets import BackupFilterSet, RestoreFilterSet
 from apps.backups.models import Backup, Restore, ReviewDecision
 from apps.backups.tasks import run_restore, take_backup
 from modelforge.dispatch import send_on_commit
@@ -33,7 +34,7 @@ class BackupViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
 
     queryset = Backup.objects.prefetch_related("events")
     serializer_class = BackupSerializer
-    filterset_fields = ["state", "reason_code", "trigger"]
+    filterset_class = BackupFilterSet
 
     @extend_schema(request=None, responses={202: BackupSerializer})
     def create(self, request: Request) -> Response:
@@ -79,7 +80,7 @@ class RestoreViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 
     queryset = Restore.objects.select_related("backup").prefetch_related("phases")
     serializer_class = RestoreSerializer
-    filterset_fields = ["state", "needs_review", "backup"]
+    filterset_class = RestoreFilterSet
 
     @extend_schema(request=RestoreRequestSerializer, responses={202: RestoreSerializer})
     def create(self, request: Request) -> Response:

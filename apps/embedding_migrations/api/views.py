@@ -25,6 +25,7 @@ from apps.embedding_migrations.api.serializers import (
     PlanCutoverSerializer,
     VectorStoreSerializer,
 )
+from apps.embedding_migrations.filtersets import CutoverFilterSet
 from apps.embedding_migrations.models import ConsumerAlias, Cutover, EmbeddingSpace, VectorStore
 from modelforge.errors import ApiError
 
@@ -159,7 +160,7 @@ class CutoverViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         "alias__store", "source_capability", "target_capability"
     ).prefetch_related("events")
     serializer_class = CutoverSerializer
-    filterset_fields = ["stage", "alias"]
+    filterset_class = CutoverFilterSet
 
     @extend_schema(request=PlanCutoverSerializer, responses={201: CutoverSerializer})
     def create(self, request: Request) -> Response:
