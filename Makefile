@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed
 
 run: install
-	$(BIN)/python -m modelforge.devstack run
+	$(BIN)/python -m modelforge run
 
 # Browser tests drive Debian's chromium through Playwright (its own browser download is not used).
 browser:

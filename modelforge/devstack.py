@@ -12,6 +12,20 @@ last.
 
 from __future__ import annotations
 
+import signal
+import sys
+
+if __name__ == "__main__":
+
+    def _interrupted_while_importing(signum: int, frame: object) -> None:
+        # Ctrl-C in the first moments of `make run`, while the modules below still import: nothing has been
+        # started, so stop with the same words as later rather than a traceback from inside an import.
+        sys.stdout.write("modelforge: interrupted\nmodelforge: stopped\n")
+        sys.stdout.flush()
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGINT, _interrupted_while_importing)
+
 import contextlib
 import datetime
 import fcntl
@@ -19,10 +33,8 @@ import http.client
 import os
 import re
 import secrets
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -773,6 +785,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    # Imported: from here Ctrl-C is a KeyboardInterrupt again (below, or run()'s own handler once it starts).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         sys.exit(main(sys.argv[1:]))
     except KeyboardInterrupt:

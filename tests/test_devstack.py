@@ -48,7 +48,7 @@ def test_the_embedded_platform_starts_serves_and_stops_cleanly(tmp_path):
         MODELFORGE_WORKER_CONCURRENCY="1",
         MODELFORGE_AGENT_PORT=str(free_port()),
     )
-    running = start_process([PYTHON, "-m", "modelforge.devstack", "run"], env, tmp_path / "run.log")
+    running = start_process([PYTHON, "-m", "modelforge", "run"], env, tmp_path / "run.log")
     base = f"http://127.0.0.1:{web_port}"
     try:
         assert wait_until(lambda: "ModelForge is running at" in running.log(), 180), running.log()[-4000:]
@@ -124,7 +124,7 @@ def test_the_embedded_platform_starts_serves_and_stops_cleanly(tmp_path):
     assert_stopped_cleanly(code, running.log(), home, base)
 
     # A second run reuses the data: same database, no second operator login.
-    again = start_process([PYTHON, "-m", "modelforge.devstack", "run"], env, tmp_path / "run-again.log")
+    again = start_process([PYTHON, "-m", "modelforge", "run"], env, tmp_path / "run-again.log")
     try:
         assert wait_until(lambda: "ModelForge is running at" in again.log(), 120), again.log()[-4000:]
         assert "An operator login already exists" in again.log()
@@ -408,7 +408,7 @@ def api(base: str, key: str, path: str, method: str = "GET", body: dict | None =
 
 def test_killed_processes_come_back_while_the_databases_and_model_servers_stay_up(tmp_path, stack_home):
     env, home, base = stack_env(stack_home)
-    running = start_process([PYTHON, "-m", "modelforge.devstack", "run"], env, tmp_path / "run.log")
+    running = start_process([PYTHON, "-m", "modelforge", "run"], env, tmp_path / "run.log")
     try:
         assert wait_until(lambda: "ModelForge is running at" in running.log(), 180), running.log()[-4000:]
         key = (home / "secrets" / "operator-api-key").read_text().strip()
@@ -480,7 +480,7 @@ def test_killed_processes_come_back_while_the_databases_and_model_servers_stay_u
 
 def test_a_process_that_keeps_crashing_stops_everything_with_a_message_naming_it(tmp_path, stack_home):
     env, home, base = stack_env(stack_home, MODELFORGE_LOCAL_AGENT="false")
-    running = start_process([PYTHON, "-m", "modelforge.devstack", "run"], env, tmp_path / "run.log")
+    running = start_process([PYTHON, "-m", "modelforge", "run"], env, tmp_path / "run.log")
     killed: list[int] = []
     try:
         assert wait_until(lambda: "ModelForge is running at" in running.log(), 180), running.log()[-4000:]
@@ -520,7 +520,7 @@ def test_a_process_that_keeps_crashing_stops_everything_with_a_message_naming_it
 
 
 def run_devstack(env: dict[str, str], timeout: float = 60):
-    return run_command([PYTHON, "-m", "modelforge.devstack", "run"], env, timeout)
+    return run_command([PYTHON, "-m", "modelforge", "run"], env, timeout)
 
 
 def test_a_second_run_on_the_same_data_folder_is_refused_naming_the_process_that_holds_it(stack_home):
@@ -600,7 +600,7 @@ def test_an_embedded_service_found_gone_is_started_again_after_a_back_off(stack_
 def test_ctrl_c_at_any_moment_of_start_up_stops_cleanly_and_says_interrupted(tmp_path, stack_home, moment):
     # Regression: Ctrl-C in the first second was ignored; during migrate it printed a traceback.
     env, home, _ = stack_env(stack_home, MODELFORGE_LOCAL_AGENT="false", MODELFORGE_DEMO="false")
-    running = start_process([PYTHON, "-m", "modelforge.devstack", "run"], env, tmp_path / "run.log")
+    running = start_process([PYTHON, "-m", "modelforge", "run"], env, tmp_path / "run.log")
     if moment == "first-moment":  # while Python is still importing: before any handler of ours
         time.sleep(0.15)
     elif moment == "start-up":  # the first thing it says, before the embedded services start
