@@ -50,6 +50,7 @@ def throwaway_stack() -> Iterator[tuple[Path, dict[str, str]]]:
     try:
         env.update(stack.start(persistent=False))
         os.environ.update(env)
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "modelforge.settings")  # not set by a plain shell
         subprocess.run([PYTHON, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
         import django
 
