@@ -120,5 +120,12 @@ def delete_cluster(cluster: Cluster) -> None:
     """Delete ``cluster`` with its members and routing tiers; refused while a server is attached (routing
     would be pulled from under live traffic): detach the servers first."""
     with transaction.atomic():
-        _lock([cluster])
-        cluster.delete()
+        locked = Cluster.objects.select_for_update().get(pk=cluster.pk)
+        if membership_locked(locked):
+            raise ApiError(
+                codes.CLUSTER_MEMBERSHIP_LOCKED,
+                f"Cluster {cluster.name} has servers attached; deleting it would take its routing from under "
+                "live traffic. Detach the servers first.",
+                409,
+            )
+        locked.delete()
