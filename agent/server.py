@@ -24,13 +24,16 @@ from agent import __version__
 from agent.models import InvalidModelName, check_presence
 from agent.processes import ProcessManager
 from agent.protocol import CORRELATION_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
-from agent.replicas import ReplicaManager
+from agent.replicas import ReplicaManager, verification
 
 logger = logging.getLogger("agent.server")
 
 VALIDATION_ERROR = "VALIDATION_ERROR"
 NOT_FOUND = "NOT_FOUND"
 METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
+# A replica's file whose record has no digest this agent can verify: refused, never copied unverified.
+REPLICA_DIGEST_MISSING = "REPLICA_DIGEST_MISSING"
+REPLICA_SHAPE = '{"replica_id", "name", "base_url", "files": [{"path", "size", "sha256", "blake3"?}]}'
 MAX_BODY_BYTES = 1024 * 1024
 
 # What a caller may send as X-Correlation-ID (the control plane's rule): short, printable, no spaces.
@@ -132,12 +135,26 @@ def launch_server(context: AgentContext, body: bytes) -> dict[str, Any]:
 
 def start_replica(context: AgentContext, body: bytes) -> dict[str, Any]:
     """Fetch an artifact from the control plane's store into the models directory (verified first)."""
-    spec = _json_object(body, '{"replica_id", "name", "base_url", "files": [{"path", "size", "sha256"}]}')
+    spec = _json_object(body, REPLICA_SHAPE)
     name = spec.get("name")
     if not isinstance(name, str) or not name or "/" in name or name.startswith(".") or ".." in name:
         raise ApiError(400, VALIDATION_ERROR, "name must be one entry of the models directory")
     if not isinstance(spec.get("files"), list) or not isinstance(spec.get("base_url"), str):
         raise ApiError(400, VALIDATION_ERROR, "files (a list) and base_url are required")
+    for item in spec["files"]:
+        if (
+            not isinstance(item, dict)
+            or not isinstance(item.get("path"), str)
+            or not isinstance(item.get("size"), int)
+        ):
+            raise ApiError(400, VALIDATION_ERROR, f"each file is an object: {REPLICA_SHAPE}")
+        if verification(item) is None:
+            raise ApiError(
+                400,
+                REPLICA_DIGEST_MISSING,
+                f"{item['path']}: the record has no digest this agent can verify (a 64-hex sha256, or "
+                "blake3 with the blake3 package installed); nothing is copied unverified",
+            )
     if context.replicas is None:
         raise ApiError(404, NOT_FOUND, "this agent does not take replicas")
     return context.replicas.start(spec).as_payload()

@@ -33,7 +33,7 @@ class Response:
     def close(self) -> None:
         self.sock.close()
 
-    def pipe(self, *consumers: Callable[[memoryview], None]) -> int:
+    def pipe(self, *consumers: Callable[[memoryview], object]) -> int:
         """Hand the whole body to every consumer, block by block, each on a thread of its own (hashing
         and writing run side by side; both release the GIL); returns the body's length.
 
@@ -62,7 +62,7 @@ class Response:
                 free.put(buffer)
 
         def work(
-            consume: Callable[[memoryview], None], inbox: queue.Queue[tuple[mmap.mmap, int] | None]
+            consume: Callable[[memoryview], object], inbox: queue.Queue[tuple[mmap.mmap, int] | None]
         ) -> None:
             while (item := inbox.get()) is not None:
                 buffer, size = item

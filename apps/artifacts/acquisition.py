@@ -2,6 +2,12 @@
 
 Transfers are bounded (size, time), resumable (HTTP ``Range`` from a ``.part`` file) and verified (every
 file's SHA-256 recorded). A source that cannot be reached from here is reported, not hung on.
+
+Every file's BLAKE3 is recorded beside its SHA-256, from the same read: the SHA-256 is the artifact's
+identity (the supply-chain rules and rehydration compare against it); the BLAKE3 is what a node verifies
+a replica against, because SHA-256 on one core bound replication (bench/replication). An artifact
+acquired before BLAKE3 was recorded gets it once, from its store copy, on its first replication
+(``record_blake3``); until then nodes verify its replicas with SHA-256.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+import blake3
 import httpx
 from django.conf import settings
 from django.utils import timezone
@@ -28,6 +35,8 @@ from modelforge.errors import ApiError
 logger = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
+# Hashing reads: large enough for BLAKE3 to spread one block over several cores.
+HASH_CHUNK = 8 << 20
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 HF_REVISION = re.compile(r"^[0-9a-f]{40}$")
 
@@ -152,13 +161,75 @@ def fetch(artifact: Artifact, target: Path) -> None:
             done += _download(artifact, _hf_url(artifact) + quote(name), target, relative=name, base=done)
 
 
+def file_digests(path: Path) -> tuple[str, str]:
+    """(SHA-256, BLAKE3) of one file, hex, from a single read (both hashers release the GIL; BLAKE3 is
+    multithreaded and costs a fraction of the SHA-256)."""
+    sha = hashlib.sha256()
+    tree = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    with path.open("rb") as reader:
+        for block in iter(lambda: reader.read(HASH_CHUNK), b""):
+            sha.update(block)
+            tree.update(block)
+    return sha.hexdigest(), tree.hexdigest()
+
+
 def digests(root: Path) -> Iterator[dict[str, Any]]:
+    """Every file under ``root``, sorted: path, size, SHA-256 and BLAKE3."""
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        sha = hashlib.sha256()
-        with path.open("rb") as reader:
-            for block in iter(lambda: reader.read(CHUNK), b""):
-                sha.update(block)
-        yield {"path": str(path.relative_to(root)), "size": path.stat().st_size, "sha256": sha.hexdigest()}
+        sha256, tree = file_digests(path)
+        yield {
+            "path": str(path.relative_to(root)),
+            "size": path.stat().st_size,
+            "sha256": sha256,
+            "blake3": tree,
+        }
+
+
+def record_blake3(artifact: Artifact) -> list[str]:
+    """Record the BLAKE3 of every file of a ready artifact that has none (acquired before BLAKE3 was
+    recorded); returns the paths recorded.
+
+    1. Each such file of the store copy is read once for both digests.
+    2. Its BLAKE3 is recorded only when that read's SHA-256 equals the record: a BLAKE3 taken from bytes
+       that rotted since acquisition would vouch for them. A file that does not match, or is missing,
+       keeps no BLAKE3 (its replicas are verified with SHA-256 and fail as before), and the artifact's
+       history says so.
+    3. The record is swapped in only if nobody changed it meanwhile (a release re-hashes everything).
+    """
+    before = artifact.files
+    if artifact.state != ArtifactState.READY or all("blake3" in f for f in before):
+        return []
+    after, recorded, wrong = [], [], []
+    for item in before:
+        item = dict(item)
+        if "blake3" not in item:
+            try:
+                sha256, tree = file_digests(Path(artifact.store_path) / item["path"])
+            except OSError as exc:
+                wrong.append(f"{item['path']} unreadable ({exc.strerror or exc})")
+            else:
+                if sha256 == item["sha256"]:
+                    item["blake3"] = tree
+                    recorded.append(item["path"])
+                else:
+                    wrong.append(f"{item['path']} no longer matches its SHA-256")
+        after.append(item)
+    if recorded and not Artifact.objects.filter(pk=artifact.pk, files=before).update(files=after):
+        return []  # the record changed under us (a release or a rehydration): it carries its own BLAKE3s
+    if wrong:
+        logger.warning(
+            "artifact %s: the store copy differs from the record: %s", artifact.pk, "; ".join(wrong)
+        )
+        artifact.events.create(
+            from_state=artifact.state,
+            to_state=artifact.state,
+            by="record_blake3",
+            detail=("no BLAKE3 recorded, the store's copy differs from the record: " + "; ".join(wrong))[
+                :1000
+            ],
+        )
+    artifact.files = after
+    return recorded
 
 
 def detect_format(files: list[dict[str, Any]]) -> str:
@@ -481,7 +552,8 @@ def rehydrate(artifact: Artifact) -> Artifact:
             return _blocked(artifact, f"tried {tried}: {codes.LOCAL_SOURCE_NOT_ALLOWED}: {exc}")
         except SourceUnreachable as exc:
             return _blocked(artifact, f"tried {tried}: {exc}")
-        got = {f["path"]: (f["size"], f["sha256"]) for f in digests(scratch)}
+        fresh = list(digests(scratch))
+        got = {f["path"]: (f["size"], f["sha256"]) for f in fresh}
         wanted = {f["path"]: (f["size"], f["sha256"]) for f in artifact.files}
         if got != wanted:
             changed = sorted(p for p in wanted.keys() | got.keys() if got.get(p) != wanted.get(p))
@@ -497,7 +569,8 @@ def rehydrate(artifact: Artifact) -> Artifact:
         shutil.rmtree(scratch, ignore_errors=True)
     artifact.store_path = str(store_dir(artifact))
     artifact.failure_code, artifact.failure_message = "", ""
-    artifact.save(update_fields=["store_path", "failure_code", "failure_message"])
+    artifact.files = fresh  # the same paths, sizes and SHA-256s, with BLAKE3s an older record lacked
+    artifact.save(update_fields=["store_path", "failure_code", "failure_message", "files"])
     # The bytes match the record; the rules still decide whether it may be used.
     judge(artifact, run_checks(artifact), detail=f"rehydrated from {tried}, every digest verified")
     return artifact

@@ -56,7 +56,11 @@ class Artifact(StatefulModel):
     encrypted = models.BooleanField(default=False)
     state = models.CharField(max_length=16, choices=ArtifactState.choices, default=ArtifactState.REQUESTED)
     format = models.CharField(max_length=32, blank=True)
-    files = models.JSONField(default=list, blank=True, help_text="[{path, size, sha256}] as acquired.")
+    files = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="[{path, size, sha256, blake3}] as acquired (older ones: no blake3).",
+    )
     size_bytes = models.BigIntegerField(default=0)
     progress_bytes = models.BigIntegerField(default=0)
     store_path = models.CharField(max_length=1000, blank=True)

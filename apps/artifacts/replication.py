@@ -54,7 +54,18 @@ def request_replica(artifact: Artifact, node: Node, *, by: str) -> Replica:
 
 
 def start(replica: Replica) -> bool:
+    """Ask the node's agent to copy ``replica``; the file list it gets is the artifact's record.
+
+    Each file carries its SHA-256 and, when recorded, its BLAKE3: an agent of this release verifies the
+    BLAKE3 (faster), an older agent ignores it and verifies the SHA-256 as before, and an agent refuses a
+    file with no digest it can check (``REPLICA_DIGEST_MISSING``). An artifact acquired before BLAKE3s
+    were recorded replicates with SHA-256 and has them recorded once, in the background, for next time.
+    """
     artifact, node = replica.artifact, replica.node
+    if any("blake3" not in item for item in artifact.files):
+        from apps.artifacts.tasks import record_blake3
+
+        send_on_commit(record_blake3, artifact.pk)
     try:
         reply = agent_client.call_agent(
             node,
@@ -71,7 +82,9 @@ def start(replica: Replica) -> bool:
         _fail(replica, f"{exc.code}: {exc.message}")
         return False
     if reply.status != 200:
-        _fail(replica, reply.body.get("message") or f"the agent answered {reply.status}")
+        message = reply.body.get("message") or f"the agent answered {reply.status}"
+        code = reply.body.get("code")
+        _fail(replica, f"{code}: {message}" if isinstance(code, str) and code else message)
         return False
     now = timezone.now()
     replica.transition(

@@ -28,6 +28,22 @@ def acquire(artifact_id: int) -> str:
         return "skipped"
 
 
+@shared_task(name="artifacts.record_blake3")
+def record_blake3(artifact_id: int) -> str:
+    """Once per artifact acquired before BLAKE3 digests were recorded, queued by its first replication."""
+    from apps.artifacts import locks
+    from apps.core.pglocks import LockHeld
+
+    try:
+        with locks.acquiring(artifact_id):  # never beside an acquisition, or a second delivery of this
+            artifact = Artifact.objects.filter(pk=artifact_id).first()
+            if artifact is None:
+                return "skipped"
+            return f"{len(acquisition.record_blake3(artifact))} recorded"
+    except LockHeld:
+        return "skipped"
+
+
 @shared_task(name="artifacts.replicate")
 def replicate(replica_id: int) -> str:
     from apps.artifacts import replication

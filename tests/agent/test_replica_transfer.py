@@ -1,6 +1,7 @@
 """The agent's replica download over real HTTP on 127.0.0.1: a connection dropped mid-body leaves the
 part file, the next attempt resumes with Range and the digest covers the whole file; a wrong digest is
-discarded and never placed."""
+discarded and never placed; BLAKE3 verifies where the record has one, SHA-256 where it has not, and a
+file with neither is refused before anything is copied."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import blake3
 import pytest
 
 from agent import transfer
@@ -24,6 +26,7 @@ DATA = os.urandom(transfer.BUFFER * 2 + 12345)
 class Served:
     def __init__(self) -> None:
         self.drop_after: int | None = None
+        self.flip_at: int | None = None  # one byte of the body corrupted in transit
         self.ranges: list[str | None] = []
         self.authorizations: list[str | None] = []
 
@@ -40,6 +43,9 @@ def served() -> Iterator[tuple[Served, str]]:
             state.authorizations.append(self.headers.get("Authorization"))
             start = int(self.headers["Range"].split("=")[1].rstrip("-")) if self.headers.get("Range") else 0
             body = DATA[start:]
+            if state.flip_at is not None:
+                at = state.flip_at - start
+                body = body[:at] + bytes([body[at] ^ 0x01]) + body[at + 1 :]
             self.send_response(206 if start else 200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -60,12 +66,16 @@ def served() -> Iterator[tuple[Served, str]]:
     server.shutdown()
 
 
-def spec(sha256: str) -> dict[str, object]:
+SHA256 = hashlib.sha256(DATA).hexdigest()
+BLAKE3 = blake3.blake3(DATA).hexdigest()
+
+
+def spec(sha256: str, **digests: str) -> dict[str, object]:
     return {
         "replica_id": "r1",
         "name": "weights",
         "base_url": "/files",
-        "files": [{"path": "model.safetensors", "size": len(DATA), "sha256": sha256}],
+        "files": [{"path": "model.safetensors", "size": len(DATA), "sha256": sha256, **digests}],
     }
 
 
@@ -105,6 +115,55 @@ def test_a_wrong_digest_is_discarded_and_never_placed(served, tmp_path: Path):
     assert "SHA-256 does not match" in manager.get("r1").reason  # type: ignore[union-attr]
     assert not (tmp_path / "models" / "weights").exists()
     assert not list((tmp_path / "models" / ".incoming" / "r1").glob("*.part"))
+
+
+@pytest.mark.parametrize("where", [100, transfer.BUFFER + 7, len(DATA) - 1], ids=["first", "middle", "last"])
+def test_a_byte_corrupted_in_transit_is_caught_by_the_blake3_and_never_placed(served, tmp_path: Path, where):
+    state, url = served
+    state.flip_at = where
+    manager = ReplicaManager(tmp_path / "models", "node-credential", url)
+    manager.start(spec(SHA256, blake3=BLAKE3))
+    assert settle(manager) == FAILED
+    reason = manager.get("r1").reason  # type: ignore[union-attr]
+    assert reason == "model.safetensors: BLAKE3 does not match the artifact's record; discarded"
+    assert not (tmp_path / "models" / "weights").exists()
+    assert not list((tmp_path / "models" / ".incoming" / "r1").glob("*.part"))
+
+
+def test_the_blake3_is_what_is_verified_when_the_record_has_one(served, tmp_path: Path):
+    _, url = served
+    manager = ReplicaManager(tmp_path / "models", "node-credential", url)
+    # A wrong BLAKE3 beside a right SHA-256 fails: the BLAKE3 is checked, not passed over for the other.
+    manager.start(spec(SHA256, blake3="0" * 64))
+    assert settle(manager) == FAILED
+    assert "BLAKE3 does not match" in manager.get("r1").reason  # type: ignore[union-attr]
+    manager.start(spec(SHA256, blake3=BLAKE3))
+    assert settle(manager) == PRESENT
+    assert (tmp_path / "models" / "weights" / "model.safetensors").read_bytes() == DATA
+
+
+def test_a_resumed_transfer_is_verified_with_blake3_over_the_whole_file(served, tmp_path: Path):
+    state, url = served
+    state.drop_after = transfer.BUFFER + 100
+    manager = ReplicaManager(tmp_path / "models", "node-credential", url)
+    manager.start(spec(SHA256, blake3=BLAKE3))
+    assert settle(manager) == FAILED
+    manager.start(spec(SHA256, blake3=BLAKE3))
+    assert settle(manager) == PRESENT
+    assert state.ranges == [None, f"bytes={transfer.BUFFER + 100}-"]
+    assert (tmp_path / "models" / "weights" / "model.safetensors").read_bytes() == DATA
+
+
+def test_without_a_recorded_blake3_a_corrupted_byte_is_caught_by_the_sha256(served, tmp_path: Path):
+    # An artifact acquired before BLAKE3s were recorded, or a control plane of an older release.
+    state, url = served
+    state.flip_at = transfer.BUFFER + 7
+    manager = ReplicaManager(tmp_path / "models", "node-credential", url)
+    manager.start(spec(SHA256))
+    assert settle(manager) == FAILED
+    reason = manager.get("r1").reason  # type: ignore[union-attr]
+    assert reason == "model.safetensors: SHA-256 does not match the artifact's record; discarded"
+    assert not (tmp_path / "models" / "weights").exists()
 
 
 def test_the_reader_refuses_a_body_without_a_length(tmp_path: Path):

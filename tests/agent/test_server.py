@@ -177,3 +177,23 @@ def test_sign_is_hmac_sha256_over_timestamp_method_path_and_body() -> None:
     headers = signed_headers("k" * 16, "GET", "/v1/ping", now=1700000000)
     assert headers[TIMESTAMP_HEADER] == "1700000000"
     assert headers[SIGNATURE_HEADER] == sign("k" * 16, 1700000000, "GET", "/v1/ping")
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"path": "w.safetensors", "size": 3},
+        {"path": "w.safetensors", "size": 3, "sha256": "not-hex"},
+        {"path": "w.safetensors", "size": 3, "sha256": "", "blake3": "A" * 64},
+    ],
+    ids=["no digest", "not a digest", "an upper-case blake3 and no sha256"],
+)
+def test_a_replica_file_without_a_digest_the_agent_can_verify_is_refused_before_any_copy(
+    agent_url: str, models: Path, item: dict[str, Any]
+) -> None:
+    payload = {"replica_id": "r1", "name": "w", "base_url": "/files", "files": [item]}
+    response = call(agent_url, "POST", "/v1/replicas", payload)
+    assert response.status_code == 400
+    assert response.json()["code"] == "REPLICA_DIGEST_MISSING"
+    assert "w.safetensors" in response.json()["message"]
+    assert not (models / ".incoming").exists()

@@ -10,6 +10,7 @@ from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import blake3
 import pytest
 
 from apps.artifacts import acquisition, tasks
@@ -21,6 +22,11 @@ pytestmark = pytest.mark.django_db
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def b3(data: bytes) -> str:
+    """BLAKE3 computed here, apart from the acquisition's own hashing (single-threaded, whole buffer)."""
+    return blake3.blake3(data).hexdigest()
 
 
 ASKED: list[str] = []  # the paths the test HTTP server was asked for
@@ -79,7 +85,7 @@ def test_an_http_artifact_is_acquired_with_its_digest(http_root):
     acquisition.acquire(item)
     item.refresh_from_db()
     assert item.state == "ready", item.checks
-    assert item.files == [{"path": "tiny.gguf", "size": len(data), "sha256": sha(data)}]
+    assert item.files == [{"path": "tiny.gguf", "size": len(data), "sha256": sha(data), "blake3": b3(data)}]
     assert item.format == "gguf_file" and item.progress_bytes == len(data)
     assert {c["rule"]: c["outcome"] for c in item.checks}["DIGEST_MATCH"] == "pass"
 
@@ -96,6 +102,7 @@ def test_an_interrupted_download_resumes_from_its_part_file(http_root, store):
     item.refresh_from_db()
     assert item.state == "ready"
     assert item.files[0]["sha256"] == sha(data)
+    assert item.files[0]["blake3"] == b3(data)  # the resumed part is in it too
 
 
 def test_a_local_directory_is_acquired_file_by_file(tmp_path):
@@ -443,7 +450,7 @@ def test_a_refused_source_is_quarantined_before_anything_is_fetched_and_release_
     tasks.acquire(item.pk)  # what the release queued (the API test runs it through the worker)
     item.refresh_from_db()
     assert item.state == "ready", item.checks
-    assert item.files == [{"path": "tiny.gguf", "size": len(data), "sha256": sha(data)}]
+    assert item.files == [{"path": "tiny.gguf", "size": len(data), "sha256": sha(data), "blake3": b3(data)}]
     assert ASKED == ["/tiny.gguf"]
 
 
@@ -519,3 +526,69 @@ def test_the_dashboard_refuses_a_replica_for_a_node_that_is_not_one(client, tmp_
     for junk in ("", "not-a-uuid", "7"):
         page = client.post(f"/artifacts/{item.pk}/replicate", {"node": junk}, follow=True)
         assert page.status_code == 200 and "choose an enrolled node" in page.content.decode()
+
+
+def test_the_blake3_recorded_at_acquisition_equals_an_independent_computation(tmp_path):
+    # Larger than one hashing read (8 MiB), so the multithreaded, block-by-block digest is compared with
+    # a one-shot single-threaded one over the whole file.
+    big = (bytes(range(256)) * 4096) * 9 + b"tail"
+    source = tmp_path / "weights"
+    (source / "sub").mkdir(parents=True)
+    (source / "model.safetensors").write_bytes(big)
+    (source / "sub" / "config.json").write_bytes(b"{}")
+    item = artifact(source_kind="local", locator=str(source))
+    acquisition.acquire(item)
+    item.refresh_from_db()
+    assert item.state == "ready", item.checks
+    assert item.files == [
+        {"path": "model.safetensors", "size": len(big), "sha256": sha(big), "blake3": b3(big)},
+        {"path": "sub/config.json", "size": 2, "sha256": sha(b"{}"), "blake3": b3(b"{}")},
+    ]
+
+
+def acquired_before_blake3(tmp_path, files: dict[str, bytes]) -> Artifact:
+    """A ready artifact as an older release recorded it: path, size and SHA-256 only."""
+    source = tmp_path / "old"
+    source.mkdir()
+    for name, data in files.items():
+        (source / name).write_bytes(data)
+    item = artifact(source_kind="local", locator=str(source))
+    acquisition.acquire(item)
+    item.refresh_from_db()
+    assert item.state == "ready", item.checks
+    item.files = [{key: f[key] for key in ("path", "size", "sha256")} for f in item.files]
+    item.save(update_fields=["files"])
+    return item
+
+
+def test_an_artifact_acquired_before_blake3_gets_it_recorded_from_its_store_copy(tmp_path):
+    item = acquired_before_blake3(tmp_path, {"a.safetensors": b"a" * 5000, "config.json": b"{}"})
+    assert tasks.record_blake3(item.pk) == "2 recorded"
+    item.refresh_from_db()
+    assert [(f["path"], f["blake3"]) for f in item.files] == [
+        ("a.safetensors", b3(b"a" * 5000)),
+        ("config.json", b3(b"{}")),
+    ]
+    assert tasks.record_blake3(item.pk) == "0 recorded"  # once: a full record is left alone
+
+
+def test_no_blake3_is_recorded_for_a_store_file_that_no_longer_matches_its_sha256(tmp_path):
+    # A BLAKE3 taken from rotten bytes would vouch for them: that file keeps SHA-256 verification only.
+    item = acquired_before_blake3(tmp_path, {"a.safetensors": b"a" * 5000, "config.json": b"{}"})
+    Path(item.store_path, "a.safetensors").write_bytes(b"b" * 5000)
+    assert acquisition.record_blake3(item) == ["config.json"]
+    item.refresh_from_db()
+    assert "blake3" not in item.files[0] and item.files[1]["blake3"] == b3(b"{}")
+    assert item.files[0]["sha256"] == sha(b"a" * 5000)  # the identity is never rewritten
+    assert item.events.filter(detail__contains="a.safetensors no longer matches its SHA-256").exists()
+
+
+def test_a_record_changed_meanwhile_is_not_overwritten_by_the_blake3_pass(tmp_path):
+    item = acquired_before_blake3(tmp_path, {"a.safetensors": b"a" * 5000})
+    stale = Artifact.objects.get(pk=item.pk)
+    item.files = [{**item.files[0], "size": 5000}]  # re-recorded elsewhere (a release re-hashes)
+    item.files.append({"path": "b.safetensors", "size": 1, "sha256": sha(b"b")})
+    item.save(update_fields=["files"])
+    assert acquisition.record_blake3(stale) == []
+    item.refresh_from_db()
+    assert len(item.files) == 2 and all("blake3" not in f for f in item.files)

@@ -8,6 +8,7 @@ import hashlib
 import os
 from pathlib import Path
 
+import blake3
 import pytest
 from django.test import override_settings
 
@@ -25,6 +26,10 @@ SECRET = b"the-secret-key-of-this-control-plane"
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def b3(data: bytes) -> str:
+    return blake3.blake3(data).hexdigest()
 
 
 @pytest.fixture
@@ -258,8 +263,8 @@ def test_a_legitimate_model_under_a_root_is_acquired_end_to_end(
     answer = operator_client.get(f"/api/v1/artifacts/{created.json()['id']}").json()
     assert answer["state"] == "ready", answer["checks"]
     assert answer["files"] == [
-        {"path": "model.safetensors", "size": len(weights), "sha256": sha(weights)},
-        {"path": "sub/config.json", "size": len(config), "sha256": sha(config)},
+        {"path": "model.safetensors", "size": len(weights), "sha256": sha(weights), "blake3": b3(weights)},
+        {"path": "sub/config.json", "size": len(config), "sha256": sha(config), "blake3": b3(config)},
     ]
     stored = home / "artifacts" / str(answer["id"])
     assert (stored / "model.safetensors").read_bytes() == weights

@@ -1,5 +1,7 @@
 """Replication to a real agent over real HTTP: explicit, progress observed, the presence check true for
-each of the three layouts afterwards (and false before); a corrupted transfer never becomes present."""
+each of the three layouts afterwards (and false before); a corrupted transfer never becomes present,
+whether the node verifies the BLAKE3 recorded at acquisition or, for an artifact acquired before those
+were recorded, the SHA-256."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import os
 import signal
 from pathlib import Path
 
+import blake3
 import pytest
 from django.conf import settings
 
@@ -100,16 +103,64 @@ def test_an_artifact_is_replicated_on_request_and_then_present(
     assert present(node, expected_name)
 
 
+def forget_blake3(artifact: Artifact) -> None:
+    """The record as a release before BLAKE3 digests left it: path, size, SHA-256."""
+    artifact.files = [{key: f[key] for key in ("path", "size", "sha256")} for f in artifact.files]
+    artifact.save(update_fields=["files"])
+
+
 def test_a_corrupted_transfer_never_becomes_present(celery_worker_process, node, ready, operator_client):
     artifact = ready("corrupt", {"model.safetensors": b"v" * 100_000})
-    # The store's copy rots after acquisition: what reaches the node does not match the record.
-    Path(artifact.store_path, "model.safetensors").write_bytes(b"x" * 100_000)
+    assert artifact.files[0]["blake3"] == blake3.blake3(b"v" * 100_000).hexdigest()
+    # One byte of the store's copy rots after acquisition: what reaches the node does not match the record.
+    Path(artifact.store_path, "model.safetensors").write_bytes(b"v" * 50_000 + b"x" + b"v" * 49_999)
     replica = replicate(operator_client, artifact, node)
     assert wait_until(lambda: Replica.objects.get(pk=replica.pk).state in ("present", "failed"), 60)
     replica.refresh_from_db()
     assert replica.state == "failed"
-    assert "SHA-256 does not match" in replica.reason
+    assert replica.reason == "model.safetensors: BLAKE3 does not match the artifact's record; discarded"
     assert not present(node, "corrupt")
+
+
+def test_an_artifact_without_a_recorded_blake3_replicates_verified_by_sha256_and_gains_one(
+    celery_worker_process, node, ready, operator_client, tmp_path
+):
+    data = os.urandom(300_000)
+    artifact = ready("older", {"model.safetensors": data, "config.json": b"{}"})
+    forget_blake3(artifact)
+    replica = replicate(operator_client, artifact, node)
+    assert wait_until(lambda: Replica.objects.get(pk=replica.pk).state in ("present", "failed"), 60)
+    replica.refresh_from_db()
+    assert replica.state == "present", replica.reason
+    assert (tmp_path / "node-models" / "older" / "model.safetensors").read_bytes() == data
+    # Its first replication queued the one-off pass that records the BLAKE3s from the store copy.
+    assert wait_until(lambda: all("blake3" in f for f in Artifact.objects.get(pk=artifact.pk).files), 30), (
+        celery_worker_process.log()[-3000:]
+    )
+    artifact.refresh_from_db()
+    assert {f["path"]: f["blake3"] for f in artifact.files} == {
+        "config.json": blake3.blake3(b"{}").hexdigest(),
+        "model.safetensors": blake3.blake3(data).hexdigest(),
+    }
+
+
+def test_without_a_recorded_blake3_a_corrupted_store_copy_is_caught_by_the_sha256(
+    celery_worker_process, node, ready, operator_client
+):
+    artifact = ready("older-corrupt", {"model.safetensors": b"v" * 100_000})
+    forget_blake3(artifact)
+    Path(artifact.store_path, "model.safetensors").write_bytes(b"v" * 99_999 + b"x")
+    replica = replicate(operator_client, artifact, node)
+    assert wait_until(lambda: Replica.objects.get(pk=replica.pk).state in ("present", "failed"), 60)
+    replica.refresh_from_db()
+    assert replica.state == "failed"
+    assert replica.reason == "model.safetensors: SHA-256 does not match the artifact's record; discarded"
+    assert not present(node, "older-corrupt")
+    # The background pass does not vouch for the rotten file with a BLAKE3 of it.
+    assert wait_until(
+        lambda: Artifact.objects.get(pk=artifact.pk).events.filter(by="record_blake3").exists(), 30
+    )
+    assert "blake3" not in Artifact.objects.get(pk=artifact.pk).files[0]
 
 
 def test_only_a_ready_artifact_is_replicated(operator_client, node):
