@@ -1,8 +1,7 @@
-"""Node rows updated in place (HOT): no index on the columns a heartbeat or a sweep changes, and pages
-kept under half full so every row of a page can get its new version on that page.
+"""Node rows updated in place (HOT): no index on the columns a heartbeat or a sweep changes.
 
-The fillfactor applies to pages filled from now on; existing pages make room as their rows are updated
-(or at once with ``VACUUM FULL nodes_node``, which locks the table while it runs).
+``nodes_liveness_idx (liveness, last_heartbeat_at)`` covered the column every heartbeat writes, so no
+heartbeat could be a HOT update: each wrote a new entry into every index of the table.
 """
 
 from django.db import migrations
@@ -15,8 +14,4 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RemoveIndex(model_name="node", name="nodes_liveness_idx"),
-        migrations.RunSQL(
-            "ALTER TABLE nodes_node SET (fillfactor = 45)",
-            reverse_sql="ALTER TABLE nodes_node RESET (fillfactor)",
-        ),
     ]

@@ -183,7 +183,7 @@ def test_a_sweep_of_many_nodes_writes_per_node_rows_in_as_many_statements_as_for
 
 def test_heartbeats_and_transitions_change_no_indexed_column_of_the_node_row():
     """The node row is updated in place (HOT) only while no index covers what a heartbeat or a sweep
-    writes, and its pages keep room for the new version (migration 0003)."""
+    writes (migration 0003)."""
     written = {
         "last_heartbeat_at",
         "liveness",
@@ -210,10 +210,8 @@ def test_heartbeats_and_transitions_change_no_indexed_column_of_the_node_row():
             """
         )
         indexed = {name for (name,) in cursor.fetchall()}
-        cursor.execute("SELECT reloptions FROM pg_class WHERE oid = 'nodes_node'::regclass")
-        (options,) = cursor.fetchone()
+    assert "credential_hash" in indexed  # the query sees the table's indexes
     assert indexed & written == set()
-    assert "fillfactor=45" in (options or [])
 
 
 def test_only_enabled_online_fresh_nodes_are_assignable(clock, settings):
