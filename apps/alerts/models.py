@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+import string
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
@@ -11,6 +13,27 @@ from apps.alerts.choices import ChannelKind, NotificationEvent, NotificationStat
 
 def dedup_key_for(code: str, subject_type: str, subject_id: str) -> str:
     return f"{code}:{subject_type}:{subject_id}"
+
+
+def _name_parts(message: str) -> list[str] | None:
+    """``message`` split around its ``{name}`` fields (braces unescaped, as ``str.format`` does), so that
+    ``array_to_string(parts, name)`` in SQL is ``message.format(name=name)``; ``None`` when the template
+    has any other field, a conversion or a format spec (then it is formatted in Python)."""
+    parts, literal = [], ""
+    try:
+        parsed = list(string.Formatter().parse(message))
+    except ValueError:
+        return None
+    for text, field, spec, conversion in parsed:
+        literal += text
+        if field is None:
+            continue
+        if field != "name" or spec or conversion:
+            return None
+        parts.append(literal)
+        literal = ""
+    parts.append(literal)
+    return parts
 
 
 class AlertQuerySet(models.QuerySet["Alert"]):
@@ -38,33 +61,56 @@ class AlertManager(models.Manager["Alert"]):
 
         An alert already open for the same de-duplication key is not duplicated: it counts one more
         occurrence. ``message`` may contain ``{name}``. Returns how many new alerts were opened.
+
+        The subjects travel as ONE JSON text and the keys and messages are built in the statement: a whole
+        fleet's worth (the liveness sweep after an outage) costs a few milliseconds to send, where arrays
+        of one value per subject cost microseconds per value in the driver and one parsed constant each in
+        PostgreSQL (bench/heartbeats).
         """
         if not subjects:
             return 0
         at = at or timezone.now()
-        ids = [str(subject_id) for subject_id, _ in subjects]
-        names = [name for _, name in subjects]
-        keys = [dedup_key_for(code, subject_type, subject_id) for subject_id in ids]
-        messages = [message.format(name=name) for name in names]
+        parts = _name_parts(message)
+        if parts is None:  # a template beyond plain {name}: formatted here, as str.format does
+            rows = [[str(subject_id), name, message.format(name=name)] for subject_id, name in subjects]
+            parts = [""]
+        else:
+            rows = [[str(subject_id), name] for subject_id, name in subjects]
         table = self.model._meta.db_table
         # ON CONFLICT on the partial unique index (one open alert per key) makes raising idempotent
         # and race-safe; xmax = 0 tells an inserted row from an updated one.
         with connection.cursor() as cursor:
             cursor.execute(
                 f"""
-                INSERT INTO {table} (code, severity, subject_type, subject_id, subject_name, dedup_key,
-                                     message, raised_at, last_raised_at, occurrences)
-                SELECT %s, %s, %s, s.id, s.name, s.key, s.message, %s, %s, 1
-                FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[]) AS s(id, name, key, message)
-                ON CONFLICT (dedup_key) WHERE cleared_at IS NULL
-                DO UPDATE SET last_raised_at = EXCLUDED.last_raised_at,
-                              occurrences = {table}.occurrences + 1,
-                              message = EXCLUDED.message
-                RETURNING (xmax = 0)
+                WITH s AS (
+                    SELECT e ->> 0 AS id, e ->> 1 AS name, e ->> 2 AS message
+                    FROM json_array_elements(%(subjects)s::json) AS e
+                ), raised AS (
+                    INSERT INTO {table} (code, severity, subject_type, subject_id, subject_name, dedup_key,
+                                         message, raised_at, last_raised_at, occurrences)
+                    SELECT %(code)s, %(severity)s, %(subject_type)s, s.id, s.name, %(key_prefix)s || s.id,
+                           coalesce(s.message, array_to_string(%(parts)s::text[], s.name)), %(at)s, %(at)s, 1
+                    FROM s
+                    ON CONFLICT (dedup_key) WHERE cleared_at IS NULL
+                    DO UPDATE SET last_raised_at = EXCLUDED.last_raised_at,
+                                  occurrences = {table}.occurrences + 1,
+                                  message = EXCLUDED.message
+                    RETURNING (xmax = 0) AS inserted
+                )
+                SELECT count(*) FILTER (WHERE inserted) FROM raised
                 """,  # noqa: S608 -- the table name is ours; every value is a parameter
-                [code, severity, subject_type, at, at, ids, names, keys, messages],
+                {
+                    "subjects": json.dumps(rows),
+                    "code": code,
+                    "severity": severity,
+                    "subject_type": subject_type,
+                    "key_prefix": dedup_key_for(code, subject_type, ""),
+                    "parts": parts,
+                    "at": at,
+                },
             )
-            return sum(1 for (inserted,) in cursor.fetchall() if inserted)
+            (opened,) = cursor.fetchone()
+            return int(opened)
 
     def raise_alert(
         self,

@@ -76,9 +76,12 @@ class Node(models.Model):
 
     class Meta:
         ordering = ["name"]
-        indexes = [
-            models.Index(fields=["liveness", "last_heartbeat_at"], name="nodes_liveness_idx"),
-        ]
+        # No index on liveness or last_heartbeat_at: a heartbeat changes no indexed column, so PostgreSQL
+        # updates the row in place (a HOT update) instead of writing an entry into each of the table's
+        # five indexes. The sweep reads the whole node table anyway (the mass-loss guard counts every
+        # online node). A fillfactor that leaves room for a whole page of new versions (a mass sweep)
+        # was measured and refused: PostgreSQL then prunes the page at nearly every heartbeat, which
+        # cost more CPU than the index entries it saved (bench/heartbeats, 2026-11-30).
 
     def __str__(self) -> str:
         return self.name

@@ -417,7 +417,7 @@ WITH lost AS (
     UPDATE {ModelServer._meta.db_table} AS s
     SET state = 'failed', failure_code = %(code)s, failure_message = %(message)s, stopped_at = %(now)s
     FROM (SELECT id, state FROM {ModelServer._meta.db_table}
-          WHERE node_id = ANY(%(nodes)s) AND state = ANY(%(live)s) FOR UPDATE) AS before
+          WHERE node_id = ANY(%(nodes)s::uuid[]) AND state = ANY(%(live)s) FOR UPDATE) AS before
     WHERE s.id = before.id
     RETURNING s.id, before.state AS was
 ), events AS (
@@ -440,7 +440,9 @@ def mark_servers_of_offline_nodes(sender: Any, nodes: list[tuple[str, str]], at:
                 "code": codes.NODE_OFFLINE,
                 "message": "its node went offline; whether the process still runs is unknown",
                 "now": at,
-                "nodes": [node_id for node_id, _ in nodes],
+                # One array literal: a list of ids would cost the driver microseconds per id and
+                # PostgreSQL one parsed constant each, after a whole fleet went offline.
+                "nodes": "{" + ",".join(str(node_id) for node_id, _ in nodes) + "}",
                 "live": list(OFFLINE_SWEPT),
             },
         )

@@ -36,6 +36,44 @@ def test_raise_many_opens_only_what_is_not_open():
     assert Alert.objects.get(subject_id="b").message == "B down"
 
 
+@pytest.mark.parametrize(
+    "template",
+    [
+        "Node {name} is offline: {{braces}} kept, 100 % sure",
+        "{name}{name}",
+        "no name at all",
+        "{name!r} quoted",  # beyond plain {name}: formatted in Python
+        "{name:>8}|",
+    ],
+)
+def test_raise_many_writes_the_message_str_format_would(template):
+    subjects = [("a", "gpu-a"), ("b", "it's {b}"), ("c", 'q"uo\\te')]
+    assert Alert.objects.raise_many("node_offline", "critical", "node", subjects, template) == 3
+    for subject_id, name in subjects:
+        alert = Alert.objects.get(subject_id=subject_id)
+        assert alert.message == template.format(name=name)
+        assert (alert.subject_name, alert.dedup_key) == (name, f"node_offline:node:{subject_id}")
+
+
+def test_raise_many_refuses_a_template_with_another_field_as_str_format_does():
+    with pytest.raises(KeyError):
+        Alert.objects.raise_many("node_offline", "critical", "node", [("a", "A")], "{name} {other}")
+    assert not Alert.objects.exists()
+
+
+def test_raise_many_over_many_subjects_is_one_statement_and_counts_repeats():
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    subjects = [(f"n{i}", f"node-{i}") for i in range(500)]
+    with CaptureQueriesContext(connection) as queries:
+        assert Alert.objects.raise_many("NODE_STALE", "warning", "node", subjects, "{name} stale") == 500
+    assert len(queries.captured_queries) == 1
+    assert Alert.objects.raise_many("NODE_STALE", "warning", "node", subjects[:10], "{name} again") == 0
+    assert Alert.objects.filter(occurrences=2).count() == 10
+    assert Alert.objects.get(subject_id="n3").message == "node-3 again"
+
+
 def test_the_api_lists_and_filters_alerts(operator_client):
     Alert.objects.raise_alert("node_offline", "critical", "node", "a", "A", "x")
     Alert.objects.raise_alert("NODE_STALE", "warning", "node", "b", "B", "y")

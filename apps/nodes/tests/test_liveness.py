@@ -136,6 +136,84 @@ def test_the_sweep_is_set_based_its_statement_count_does_not_grow_with_nodes(clo
     assert statements_for(1, "a") == statements_for(40, "b")
 
 
+def test_a_sweep_of_many_nodes_writes_per_node_rows_in_as_many_statements_as_for_one(clock, settings):
+    """Each node that goes offline gets its event row and one node_offline alert, and each server on it
+    that was live is failed with its own event row; the statements do not grow with the nodes."""
+    from apps.nodes.models import NodeEvent
+    from apps.servers.models import ModelServer, ServerEvent
+
+    settings.LIVENESS_MASS_LOSS_MIN_NODES = 1000  # the guard is tested on its own
+
+    def sweep_of(count: int, prefix: str) -> int:
+        nodes = []
+        for i in range(count):
+            node, credential = make_node(name=f"{prefix}-{i}")
+            beat(credential)
+            nodes.append(node)
+            for state in ("running", "starting", "stopped"):
+                ModelServer.objects.create(
+                    name=f"{prefix}-{i}-{state}", profile="test-echo", model="m", node=node, state=state
+                )
+        sweeping(clock, settings.NODE_OFFLINE_AFTER - 4)
+        clock.shift(timedelta(seconds=5))
+        with CaptureQueriesContext(connection) as queries:
+            moved = sweep()
+        ids = {str(node.pk) for node in nodes}
+        assert {node_id for node_id, _ in moved.offline} == ids
+        assert sorted(name for _, name in moved.offline) == sorted(node.name for node in nodes)
+        offline = Alert.objects.open().filter(code="node_offline", subject_id__in=ids)
+        assert sorted(offline.values_list("subject_id", flat=True)) == sorted(ids)  # one per node
+        assert all(a.message.startswith(f"Node {a.subject_name} is offline") for a in offline)
+        events = NodeEvent.objects.filter(node__in=nodes, kind="liveness", to_liveness="offline")
+        assert sorted(str(e.node_id) for e in events) == sorted(ids)  # one per node
+        servers = ModelServer.objects.filter(node__in=nodes)
+        failed = servers.filter(state="failed", failure_code="NODE_OFFLINE")
+        assert failed.count() == 2 * count
+        assert servers.filter(state="stopped").count() == count  # not live: untouched
+        assert ServerEvent.objects.filter(server__in=failed, to_state="failed").count() == 2 * count
+        return len(queries.captured_queries)
+
+    assert sweep_of(1, "a") == sweep_of(30, "b")
+    # Sweeping again moves nothing and opens no second alert.
+    clock.shift(timedelta(seconds=5))
+    assert sweep().offline == []
+    assert Alert.objects.filter(code="node_offline").count() == 31
+    assert Alert.objects.filter(code="node_offline", occurrences=1).count() == 31
+
+
+def test_heartbeats_and_transitions_change_no_indexed_column_of_the_node_row():
+    """The node row is updated in place (HOT) only while no index covers what a heartbeat or a sweep
+    writes (migration 0003)."""
+    written = {
+        "last_heartbeat_at",
+        "liveness",
+        "agent_version",
+        "agent_url",
+        "accelerator",
+        "cpu_count",
+        "load_1m",
+        "memory_total_bytes",
+        "memory_available_bytes",
+        "shm_total_bytes",
+        "shm_free_bytes",
+        "models_present",
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT DISTINCT a.attname FROM pg_index i
+            JOIN pg_attribute a ON a.attrelid = i.indrelid
+             AND (a.attnum = ANY(i.indkey)
+                  OR pg_get_expr(i.indpred, i.indrelid) LIKE '%%' || a.attname || '%%'
+                  OR pg_get_expr(i.indexprs, i.indrelid) LIKE '%%' || a.attname || '%%')
+            WHERE i.indrelid = 'nodes_node'::regclass AND a.attnum > 0
+            """
+        )
+        indexed = {name for (name,) in cursor.fetchall()}
+    assert "credential_hash" in indexed  # the query sees the table's indexes
+    assert indexed & written == set()
+
+
 def test_only_enabled_online_fresh_nodes_are_assignable(clock, settings):
     online, c1 = make_node(name="online")
     _, c2 = make_node(name="disabled", enabled=False)
