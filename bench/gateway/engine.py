@@ -188,12 +188,13 @@ def main() -> int:
                 d, g = results["direct"], results["gateway"]
                 print(summarise(f"{pairs} pairs, first token", [r[0] for r in d], [r[0] for r in g]))
                 print(summarise(f"{pairs} pairs, total", [r[1] for r in d], [r[1] for r in g]))
-                worst = max(gt[0] - dt[0] for dt, gt in zip(d, g, strict=True))
+                added = [gt[0] - dt[0] for dt, gt in zip(d, g, strict=True)]
+                worst, over = max(added), sum(1 for a in added if a > 2.0)
                 tokens = [r[2] for r in d + g]
                 notes.append(
                     f"{pairs} pairs: tokens per answer {min(tokens)}-{max(tokens)}; "
                     f"gateway CPU {cpu_us:,.0f} µs per request; largest added time to first token "
-                    f"{worst:+.1f} ms"
+                    f"{worst:+.1f} ms; pairs adding over 2 ms to it: {over} of {pairs}"
                 )
             print()
             print("\n".join(notes))
