@@ -1,9 +1,10 @@
 """What the configuration binds each capability to right now, and the routing version that says it changed.
 
 The gateway (apps/gateway/routing.py) builds its cached table from ``read_bindings`` and follows
-``VERSION_KEY``; the capability health check and the embedding-space probe read the same bindings, so
-all three agree on which backends serve a capability. Clusters sits below the gateway and never imports
-it: this module is the configuration's side of that contract.
+``VERSION_KEY``, woken by a notice on ``CHANGED_CHANNEL`` when it moves; the capability health check
+and the embedding-space probe read the same bindings, so all three agree on which backends serve a
+capability. Clusters sits below the gateway and never imports it: this module is the configuration's
+side of that contract.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from functools import lru_cache
 
 import redis
 from django.conf import settings
+from django.db import connection, transaction
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from apps.clusters.models import Algorithm, Capability, ClusterMember, RoutingTier
 from apps.nodes.models import Node
@@ -23,19 +27,45 @@ from apps.servers.models import ModelServer
 logger = logging.getLogger("modelforge.gateway")
 
 VERSION_KEY = "modelforge:routing:version"
+# Redis pub/sub: the new version, published with every bump, so each web process's refresher rebuilds its
+# table at once rather than at its next version check.
+CHANGED_CHANNEL = "modelforge:routing:changed"
 # How stale a process's table may get when the version cannot be read (apps/gateway/routing.py).
 REBUILD_AT_LEAST_EVERY_S = 5.0
 
 
 @lru_cache(maxsize=1)
 def routing_redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
+    # One retry (a pooled connection that died with a Redis restart), not redis-py's default of ten with
+    # backoff: with Redis away, a version check or a bump would otherwise take about 4 s to fail.
+    return redis.Redis.from_url(
+        settings.CELERY_BROKER_URL,
+        socket_connect_timeout=0.5,
+        socket_timeout=0.5,
+        retry=Retry(NoBackoff(), 1),
+    )
 
 
 def bump_version() -> None:
-    """Tell every process its routing table is out of date."""
+    """Tell every process its routing table is out of date, once the change is committed.
+
+    After the commit, not at the save: a notice acted on at once (the gateway's refresher rebuilds within a
+    millisecond) would otherwise read the rows as they were before the transaction and keep them. Several
+    changes in one transaction send one notice."""
+    if connection.in_atomic_block:
+        if any(entry[1] is _bump_now for entry in connection.run_on_commit):
+            return
+        transaction.on_commit(_bump_now)
+    else:
+        _bump_now()
+
+
+def _bump_now() -> None:
     try:
-        routing_redis().incr(VERSION_KEY)
+        with routing_redis().pipeline(transaction=False) as pipe:
+            pipe.incr(VERSION_KEY)
+            pipe.publish(CHANGED_CHANNEL, b"")
+            pipe.execute()
     except redis.RedisError as exc:
         logger.warning(
             "routing version not bumped, Redis unreachable (%s): tables refresh within %.0f s",

@@ -163,8 +163,14 @@ class ClientCredential(models.Model):
         return f"{self.name} ({self.display_prefix}…)"
 
     def revoke(self) -> bool:
-        return bool(
+        revoked = bool(
             ClientCredential.objects.filter(pk=self.pk, revoked_at__isnull=True).update(
                 revoked_at=timezone.now()
             )
         )
+        if revoked:
+            # An update sends no post_save: tell the gateways' routing tables, which hold the grants.
+            from apps.clusters.bindings import bump_version
+
+            bump_version()
+        return revoked

@@ -27,15 +27,24 @@ class GatewayConfig(AppConfig):
         )
         from apps.servers.signals import server_state_changed
         from modelforge import lean
+        from modelforge.signals import web_worker_started
 
         # The routing-table invalidation: a change to what the table is built from moves the version.
         post_save.connect(routing.routing_changed, dispatch_uid="gateway.routing_changed.save")
         post_delete.connect(routing.routing_changed, dispatch_uid="gateway.routing_changed.delete")
         server_state_changed.connect(routing.server_state_changed, dispatch_uid="gateway.server_state")
+        # Each web worker's routing refresher, started before it serves: its first request finds a table.
+        web_worker_started.connect(_start_refresher, dispatch_uid="gateway.refresher")
         contributions.register()  # the load balancer's gauges on /metrics
         card.register_report(_card)  # the clusters dashboard's and API's load-balancer card
         # OpenAI-compatible /v1/*, beside Django (apps/gateway/gateway.py).
         lean.route(prefix="/v1/", handler="apps.gateway.gateway.gateway")
+
+
+def _start_refresher(**kwargs: Any) -> None:
+    from apps.gateway.routing import router
+
+    router.start()
 
 
 def _card(cluster: Cluster) -> dict[str, Any]:

@@ -2,9 +2,10 @@
 
 ``model`` names a capability (``rag.embedding@1``); the credential must be scoped to exactly that. The
 request's OpenAI shape is checked before any backend is contacted (apps/gateway/shapes.py).
-No database query per request (the routing table is cached per process), pooled keep-alive
-connections to backends, bounded timeouts and request size, streaming passed through chunk by chunk.
-Every failure is the envelope; a credential problem is always ``401 CAPABILITY_NOT_AUTHORIZED`` with
+No database query and no Redis round trip per request (the routing table is cached per process and
+refreshed by a thread of its own; the load-balancer counts are flushed by a task of their own), pooled
+keep-alive connections to backends, bounded timeouts and request size, streaming passed through chunk
+by chunk. Every failure is the envelope; a credential problem is always ``401 CAPABILITY_NOT_AUTHORIZED`` with
 the same headers, only the message differs.
 """
 
@@ -100,7 +101,7 @@ class Gateway:
         correlation_id: str,
     ) -> int:
         path, method = scope["path"], scope["method"]
-        table = router.fresh_table() or await router.table()
+        table = router.current() or await router.table()
         scheme, _, presented = headers.get("authorization", "").partition(" ")
         presented = presented.strip() if scheme.lower() == "bearer" else ""
         if path == "/v1/models":
@@ -148,8 +149,8 @@ class Gateway:
             raise Refusal(401, codes.CAPABILITY_NOT_AUTHORIZED, why, UNAUTHORIZED_HEADERS)
         backends, algorithm, _cluster = router.candidates_in(table, capability, grant.project)
         tried: set[str] = set()
-        if shared.flush_due():
-            await shared.maybe_flush()
+        if shared.flusher is None:
+            shared.start_flushing()  # the counts and the bench list, once a second, beside the requests
         # Benched backends sit out, unless every candidate is benched: then routing goes on to them
         # rather than to none (and the bench is logged and shown), never a total outage in silence.
         if shared.benched:

@@ -1,9 +1,10 @@
 """Load-balancer state shared by every web process through Redis: the sin-bin, traffic counters.
 
-The data path stays lean: traffic counts accumulate in the process and are flushed to Redis once a
-second with the bench list read back in the same round trip; Redis is written per request only when a
-backend fails. If Redis is unreachable, each process carries on with its own state and says so (log,
-``redis_ok``, the dashboard) — never an error to the client.
+The data path stays lean: traffic counts accumulate in the process and a task of the serving loop flushes
+them to Redis once a second, with the bench list read back in the same round trip (never on a request's
+path: at a request a second, a flush on the path put a Redis round trip before nearly every request);
+Redis is written per request only when a backend fails. If Redis is unreachable, each process carries on
+with its own state and says so (log, ``redis_ok``, the dashboard) — never an error to the client.
 
 The sin-bin follows Envoy's outlier detection: MODELFORGE_LB_CONSECUTIVE_FAILURES failures in a row
 (5xx, connection errors, timeouts; never a 4xx, which is the backend judging the request and ends a run
@@ -15,6 +16,7 @@ itself when its time is up. Benched MODELFORGE_LB_CHURN_THRESHOLD times within t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -80,6 +82,29 @@ class SharedState:
         self.process_id = f"{socket.gethostname()}:{os.getpid()}"
         self.in_flight: Counter[str] = Counter()
         self.others_in_flight: Counter[str] = Counter()
+        self.flusher: asyncio.Task[None] | None = None
+        self._flush_stopped = False
+
+    def start_flushing(self) -> None:
+        """Flush once a second from a task of the running loop (the serving loop; started by the first
+        request through the gateway)."""
+        if self.flusher is None or self.flusher.done():
+            self.flusher = asyncio.get_running_loop().create_task(self._flush_forever())
+
+    async def stop_flushing(self) -> None:
+        """Stop the flusher after the flush under way (tests); it is not started again."""
+        self._flush_stopped = True
+        if self.flusher is not None:
+            await self.flusher
+
+    async def _flush_forever(self) -> None:
+        while not self._flush_stopped:
+            try:
+                await self.maybe_flush(force=True)
+            except Exception:  # never let the flusher die: the next second tries again
+                logger.exception("load-balancer state not flushed")
+            if not self._flush_stopped:
+                await asyncio.sleep(FLUSH_EVERY_S)
 
     @property
     def client(self) -> aioredis.Redis:
@@ -107,9 +132,9 @@ class SharedState:
         self.redis_ok = True
 
     def served_quickly(self, key: str) -> bool:
-        """Count a good answer; False when ``served`` must still run (a fail streak to reset, a flush
-        due). The gateway's hot path then skips a coroutine per request."""
-        if self._local_fails.get(key) or self.flush_due():
+        """Count a good answer; False when ``served`` must still run (a fail streak to reset). The
+        gateway's hot path then skips a coroutine per request."""
+        if self._local_fails.get(key):
             return False
         self._traffic[key] += 1
         return True
@@ -125,8 +150,6 @@ class SharedState:
                 await self.client.delete(FAILS_KEY.format(key=key))
             except (redis.RedisError, OSError) as exc:
                 self._redis_failed(exc)
-        if self.flush_due():
-            await self.maybe_flush()
 
     async def failed(
         self, key: str, name: str, reason: str, candidates: list[Any], at_capacity: bool = False
@@ -192,11 +215,9 @@ class SharedState:
         if count >= settings.LB_CHURN_THRESHOLD:
             await sync_to_async(_raise_churn, thread_sensitive=False)(key, name, count)
 
-    def flush_due(self) -> bool:
-        return time.time() - self._flushed >= FLUSH_EVERY_S
-
     async def maybe_flush(self, force: bool = False) -> None:
-        """Once a second: push traffic counts, read the bench list back (one round trip)."""
+        """Once a second (``start_flushing``): push traffic counts, read the bench list back (one round
+        trip)."""
         now = time.time()
         if not force and now - self._flushed < FLUSH_EVERY_S:
             return

@@ -1,15 +1,26 @@
 """The routing table each web process caches, and the balancers that pick a backend from it.
 
 The table (credentials, capabilities, tiers, clusters, running servers) is read from the database in a
-few queries and kept in memory: the data path makes no database query. It is rebuilt when the routing
-version in Redis moves (checked at most once a second), and at least every few seconds regardless, so
-a change reaches every process quickly. In-flight counts and balancer state are process-local for now.
+few queries and kept in memory: the data path reads it and nothing else, no database, no Redis. A
+refresher thread per process keeps it current, off the request path:
+
+1. It listens for the routing version's change notice (Redis pub/sub on ``CHANGED_CHANNEL``, published
+   by every ``bump_version``) and rebuilds the table as soon as one arrives.
+2. Every ``CHECK_EVERY_S`` without a notice it reads the version anyway (a notice lost while its
+   connection was down) and rebuilds when it moved, or when the table is ``REBUILD_AT_LEAST_EVERY_S``
+   old (what no notice reports: a node going stale; Redis away).
+3. The database away: the last table stays in use, and the next check tries again.
+
+Only a process that has no table yet builds one on a request (its first, before the refresher has).
+In-flight counts and balancer state are process-local for now.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,6 +34,7 @@ from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
 from apps.clusters.bindings import (
+    CHANGED_CHANNEL,
     REBUILD_AT_LEAST_EVERY_S,
     VERSION_KEY,
     Backend,
@@ -45,6 +57,7 @@ from apps.servers.models import ModelServer
 
 logger = logging.getLogger("modelforge.gateway")
 
+# The refresher's version check without a notice (the fallback), and its wait between tries of Redis.
 CHECK_EVERY_S = 1.0
 
 
@@ -103,32 +116,117 @@ def build_table() -> Table:
 
 
 class Router:
-    """One per process: the cached table, and the balancers' state."""
+    """One per process: the cached table, its refresher, and the balancers' state."""
 
     def __init__(self) -> None:
         self._table: Table | None = None
         self._version: Any = None
-        self._checked = 0.0
         self._lock = threading.Lock()
+        self._build_lock = threading.Lock()  # one build at a time: the refresher's, or a first request's
         self._current: dict[tuple[str, ...], dict[str, int]] = {}  # smooth WRR state per candidate set
+        self._refresher: threading.Thread | None = None
+        self._stop = threading.Event()
         self.redis_ok = True
+        self.notices = 0  # change notices received (the tests and the bench read it)
+        self.rebuilds = 0
 
-    def fresh_table(self) -> Table | None:
-        """The cached table while it needs no check (the gateway's hot path, without a coroutine)."""
-        if self._table is not None and time.monotonic() - self._checked < CHECK_EVERY_S:
-            return self._table
-        return None
+    def current(self) -> Table | None:
+        """The cached table, as the refresher keeps it (the gateway's hot path: an attribute read)."""
+        return self._table
 
     async def table(self) -> Table:
-        """The cached table; checked against the routing version at most once a second, off the event loop
-        (the ORM and Redis clients are synchronous)."""
-        if self._table is not None and time.monotonic() - self._checked < CHECK_EVERY_S:
-            return self._table
-        return await sync_to_async(self.refresh, thread_sensitive=False)()
+        """The cached table; built on this request only when the process has none yet (off the event loop:
+        the ORM is synchronous), and the refresher started."""
+        table = self._table
+        if table is None:
+            table = await sync_to_async(self.first_table, thread_sensitive=False)()
+        return table
+
+    def first_table(self) -> Table:
+        with self._build_lock:
+            table = self._table or self.refresh()
+        self.start()
+        return table
+
+    def start(self) -> None:
+        """Start this process's refresher (idempotent): from ``web_worker_started``, else the first
+        request."""
+        with self._build_lock:
+            if self._refresher is not None and self._refresher.is_alive():
+                return
+            self._stop.clear()
+            self._refresher = threading.Thread(
+                target=self._refresh_forever, name="modelforge-routing", daemon=True
+            )
+            self._refresher.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the refresher (tests); the table stays."""
+        self._stop.set()
+        refresher, self._refresher = self._refresher, None
+        if refresher is not None:
+            refresher.join(timeout)
+
+    def _forget_after_fork(self) -> None:
+        # A forked child has none of the parent's threads: it builds its own table and refresher.
+        self._table, self._version, self._refresher = None, None, None
+        self._lock, self._build_lock, self._stop = threading.Lock(), threading.Lock(), threading.Event()
+
+    def _refresh_forever(self) -> None:
+        subscription: Any = None
+        while not self._stop.is_set():
+            if subscription is None:
+                # (Re)subscribe, then check at once: a notice sent while there was no subscription is lost.
+                subscription = self._subscribe()
+                if subscription is None and self._table is not None:
+                    self._stop.wait(CHECK_EVERY_S)  # Redis away: the version check below says so
+            else:
+                try:
+                    self._await_notice(subscription)
+                except (redis.RedisError, OSError):
+                    subscription = self._unsubscribe(subscription)
+            if self._stop.is_set():
+                break
+            try:
+                with self._build_lock:
+                    self.refresh()
+            except Exception as exc:  # no table yet and the database away: try again at the next check
+                logger.warning("routing table not built (%s): trying again in %.0f s", exc, CHECK_EVERY_S)
+                self._stop.wait(CHECK_EVERY_S)
+            if not self.redis_ok and subscription is not None:
+                subscription = self._unsubscribe(subscription)
+        if subscription is not None:
+            self._unsubscribe(subscription)
+
+    def _subscribe(self) -> Any:
+        try:
+            subscription = routing_redis().pubsub(ignore_subscribe_messages=True)
+            subscription.subscribe(CHANGED_CHANNEL)
+            return subscription
+        except (redis.RedisError, OSError):
+            return None
+
+    @staticmethod
+    def _unsubscribe(subscription: Any) -> None:
+        with contextlib.suppress(redis.RedisError, OSError):
+            subscription.close()
+
+    def _await_notice(self, subscription: Any) -> None:
+        """Wait up to ``CHECK_EVERY_S`` for a change notice; take every one already queued with it (a burst
+        of changes, one rebuild)."""
+        deadline = time.monotonic() + CHECK_EVERY_S
+        while (left := deadline - time.monotonic()) > 0 and not self._stop.is_set():
+            message = subscription.get_message(timeout=min(left, 0.25))
+            if message is not None and message.get("type") == "message":
+                self.notices += 1
+                while subscription.get_message(timeout=0) is not None:
+                    self.notices += 1
+                return
 
     def refresh(self) -> Table:
+        """Check the routing version and rebuild the table when it moved or is old (the refresher's step,
+        or a first request's build). Returns the table in use."""
         now = time.monotonic()
-        self._checked = now
         version = self._version
         try:
             version = routing_redis().get(VERSION_KEY)
@@ -147,11 +245,12 @@ class Router:
         if table is None or now - table.built_at > REBUILD_AT_LEAST_EVERY_S or version != self._version:
             try:
                 table = self._table = build_table()
+                self.rebuilds += 1
             except (DatabaseError, psycopg.Error) as exc:
                 if table is None:
                     raise
                 # The database away (a restore's switch-over, a restart): keep routing on the table this
-                # process has, and try again at the next check rather than answer 500 with one in hand.
+                # process has, and try again at the next check.
                 logger.warning(
                     "routing table not rebuilt, database unavailable (%s): serving the last one", exc
                 )
@@ -264,3 +363,4 @@ def not_bound_for(table: Table, capability: str, project: str) -> str | None:
 
 
 router = Router()
+os.register_at_fork(after_in_child=router._forget_after_fork)

@@ -73,6 +73,11 @@ class ModelServer(StatefulModel):
     def after_transition(self, before: str, to: str) -> None:
         if to not in HOLDING:
             Reservation.objects.filter(server=self).delete()
+        # A transition is a compare-and-swap update, which sends no post_save: say so for routing, whose
+        # tables follow running servers (the gateway's notice goes out when the transaction commits).
+        from apps.servers.signals import server_state_changed
+
+        server_state_changed.send(sender=type(self), server_id=self.pk)
 
     def request_stop(self, by: str) -> None:
         """Ask the agent to stop the process; the stop task finishes the transition."""
