@@ -205,6 +205,8 @@ units AS (
     FROM candidates e
     JOIN {GPU._meta.db_table} g ON g.node_id = e.id
     LEFT JOIN pending p ON p.gpu_id = g.id
+    -- Reservations only lower headroom: a GPU whose reported headroom is short is out at the scan.
+    WHERE g.memory_total_bytes - g.memory_used_bytes >= %(need)s::bigint
 )"""  # noqa: S608
         details = f"""
 SELECT n.id, n.name, n.shm_total_bytes, n.models_present,
