@@ -186,16 +186,16 @@ _MODEL_PRESENT = """CASE WHEN %(artifact)s::bigint IS NULL THEN n.models_present
                AND r.artifact_id = %(artifact)s::bigint AND r.state = 'present') END"""
 
 
-# The ranking, in SQL, so a decision over thousands of GPUs returns a handful of rows: per eligible
-# node that holds the model and has the /dev/shm (checked once per node, before its GPUs are joined),
-# how many units have the headroom needed and how much headroom the best k of them leave; ordered by
-# spread (most left) or pack (least). The same statement returns the best few nodes' units with their
-# numbers, for the choice and the explanation: no second round trip, no second pass over the fleet.
 def _best_first(alias: str = "") -> str:
     """Spread: most headroom left first; pack: least; then by name."""
     return f"CASE WHEN %(spread)s THEN -{alias}left_over ELSE {alias}left_over END, {alias}name"
 
 
+# The ranking, in SQL, so a decision over thousands of GPUs returns a handful of rows: per eligible
+# node that holds the model and has the /dev/shm (checked once per node, before its GPUs are joined),
+# how many units have the headroom needed and how much headroom the best k of them leave; ordered by
+# spread (most left) or pack (least). The same statement returns the best few nodes' units with their
+# numbers, for the choice and the explanation: no second round trip, no second pass over the fleet.
 def _ranking(gpus: bool, single: bool) -> str:
     if gpus:
         units = f"""
