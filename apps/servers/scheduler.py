@@ -20,7 +20,7 @@ from apps.nodes.choices import Liveness
 from apps.nodes.models import GPU, Node
 from apps.servers import codes
 from apps.servers.choices import HOLDING, ServerState
-from apps.servers.models import ModelServer, Reservation
+from apps.servers.models import ModelServer, Reservation, ServerEvent
 from apps.servers.profiles import GIB, RuntimeProfile, runtime_profiles
 from modelforge.dispatch import send_on_commit
 from modelforge.errors import ApiError
@@ -118,44 +118,64 @@ def _ineligible_reason(node: Node, profile: RuntimeProfile, now: datetime) -> st
     return None
 
 
-# Headroom of every GPU (or cpu node's RAM) on nodes that may take work right now, in one statement:
-# eligibility is decided in SQL (enabled, online, heartbeat fresher than the stale limit, the right
-# accelerator), and reservations of servers not yet reflected in a heartbeat are summed once, joined.
-_PENDING = f"""
+# Headroom of every GPU (or cpu node's RAM) on nodes that may take work right now: eligibility is decided
+# in SQL (enabled, online, heartbeat fresher than the stale limit, the right accelerator), and
+# reservations of servers not yet reflected in a heartbeat are summed once, joined. ``scope`` narrows the
+# reservations read to the nodes asked about (a re-check reads one node's, not the fleet's).
+def _pending(scope: str = "") -> str:
+    return f"""
 SELECT r.gpu_id, r.node_id, SUM(r.bytes)::bigint AS pending
 FROM {Reservation._meta.db_table} r
 JOIN {ModelServer._meta.db_table} s ON s.id = r.server_id
 LEFT JOIN {GPU._meta.db_table} rg ON rg.id = r.gpu_id
 JOIN {Node._meta.db_table} rn ON rn.id = r.node_id
 WHERE s.state = ANY(%(holding)s)
-  AND NOT (s.state = 'running' AND COALESCE(rg.reported_at, rn.last_heartbeat_at) > s.running_at)
+  AND NOT (s.state = 'running' AND COALESCE(rg.reported_at, rn.last_heartbeat_at) > s.running_at){scope}
 GROUP BY r.gpu_id, r.node_id
 """  # noqa: S608
 
+
 # Eligible now: enabled, online, a heartbeat fresher than the stale limit, the right accelerator.
 _ELIGIBLE = """n.enabled AND n.liveness = 'online' AND n.last_heartbeat_at >= %(fresh_after)s
-  AND n.accelerator = %(accelerator)s AND (%(only)s::uuid[] IS NULL OR n.id = ANY(%(only)s::uuid[]))"""
+  AND n.accelerator = %(accelerator)s"""
 
-_GPU_HEADROOM = f"""
-WITH pending AS ({_PENDING})
+# Every eligible node (a refusal's explanation), or the few named in %(only)s: a separate statement, not
+# ``%(only)s IS NULL OR n.id = ANY(...)``, which no index can serve (the planner read the whole fleet to
+# re-check one node: 10 ms of a 1,000-node decision).
+_ONLY = " AND n.id = ANY(%(only)s::uuid[])"
+_ONLY_PENDING = " AND r.node_id = ANY(%(only)s::uuid[])"
+
+
+def _headroom(gpus: bool, only: bool) -> str:
+    """Each unit's numbers (a GPU, or a cpu node's RAM) on eligible nodes, by node name and GPU index."""
+    pending = _pending(_ONLY_PENDING if only else "")
+    eligible = _ELIGIBLE + (_ONLY if only else "")
+    if gpus:
+        return f"""
+WITH pending AS ({pending})
 SELECT n.id, n.name, n.shm_total_bytes, n.models_present,
        g.id, g."index", g.memory_total_bytes, g.memory_used_bytes, COALESCE(p.pending, 0)
 FROM {Node._meta.db_table} n
 JOIN {GPU._meta.db_table} g ON g.node_id = n.id
 LEFT JOIN pending p ON p.gpu_id = g.id
-WHERE {_ELIGIBLE}
+WHERE {eligible}
 ORDER BY n.name, g."index"
 """  # noqa: S608
-
-_RAM_HEADROOM = f"""
-WITH pending AS ({_PENDING})
+    return f"""
+WITH pending AS ({pending})
 SELECT n.id, n.name, n.shm_total_bytes, n.models_present,
        NULL, NULL, n.memory_available_bytes, 0, COALESCE(p.pending, 0)
 FROM {Node._meta.db_table} n
 LEFT JOIN pending p ON p.node_id = n.id AND p.gpu_id IS NULL
-WHERE {_ELIGIBLE}
+WHERE {eligible}
 ORDER BY n.name
 """  # noqa: S608
+
+
+_GPU_HEADROOM = _headroom(gpus=True, only=False)
+_RAM_HEADROOM = _headroom(gpus=False, only=False)
+_GPU_HEADROOM_OF = _headroom(gpus=True, only=True)
+_RAM_HEADROOM_OF = _headroom(gpus=False, only=True)
 
 
 # The model is on the node: an artifact's replica recorded present (launch checks the books and the node),
@@ -166,23 +186,66 @@ _MODEL_PRESENT = """CASE WHEN %(artifact)s::bigint IS NULL THEN n.models_present
                AND r.artifact_id = %(artifact)s::bigint AND r.state = 'present') END"""
 
 
+def _best_first(alias: str = "") -> str:
+    """Spread: most headroom left first; pack: least; then by name."""
+    return f"CASE WHEN %(spread)s THEN -{alias}left_over ELSE {alias}left_over END, {alias}name"
+
+
 # The ranking, in SQL, so a decision over thousands of GPUs returns a handful of rows: per eligible
-# node, how many units have the headroom needed and how much headroom the best k of them leave; nodes
-# that fit and hold the model, ordered by spread (most left) or pack (least left).
-def _ranking(units_sql: str, single: bool) -> str:
+# node that holds the model and has the /dev/shm (checked once per node, before its GPUs are joined),
+# how many units have the headroom needed and how much headroom the best k of them leave; ordered by
+# spread (most left) or pack (least). The same statement returns the best few nodes' units with their
+# numbers, for the choice and the explanation: no second round trip, no second pass over the fleet.
+def _ranking(gpus: bool, single: bool) -> str:
+    if gpus:
+        units = f"""
+units AS (
+    SELECT e.id AS node_id, e.name, g."index" AS unit_index,
+           g.memory_total_bytes - g.memory_used_bytes - COALESCE(p.pending, 0) AS headroom
+    FROM candidates e
+    JOIN {GPU._meta.db_table} g ON g.node_id = e.id
+    LEFT JOIN pending p ON p.gpu_id = g.id
+    -- Reservations only lower headroom: a GPU whose reported headroom is short is out at the scan.
+    WHERE g.memory_total_bytes - g.memory_used_bytes >= %(need)s::bigint
+)"""  # noqa: S608
+        details = f"""
+SELECT n.id, n.name, n.shm_total_bytes, n.models_present,
+       g.id, g."index", g.memory_total_bytes, g.memory_used_bytes, COALESCE(p.pending, 0)
+FROM best b
+JOIN {Node._meta.db_table} n ON n.id = b.node_id
+JOIN {GPU._meta.db_table} g ON g.node_id = b.node_id
+LEFT JOIN pending p ON p.gpu_id = g.id
+ORDER BY {_best_first("b.")}, g."index"
+"""  # noqa: S608
+    else:
+        units = """
+units AS (
+    SELECT e.id AS node_id, e.name, 0 AS unit_index,
+           COALESCE(e.memory_available_bytes, 0) - COALESCE(p.pending, 0) AS headroom
+    FROM candidates e
+    LEFT JOIN pending p ON p.node_id = e.id AND p.gpu_id IS NULL
+)"""
+        details = f"""
+SELECT n.id, n.name, n.shm_total_bytes, n.models_present,
+       NULL, NULL, n.memory_available_bytes, 0, COALESCE(p.pending, 0)
+FROM best b
+JOIN {Node._meta.db_table} n ON n.id = b.node_id
+LEFT JOIN pending p ON p.node_id = n.id AND p.gpu_id IS NULL
+ORDER BY {_best_first("b.")}
+"""  # noqa: S608
     # One unit wanted (the common case): a plain aggregate per node. Several: rank each node's fitting
     # units (spread: most headroom first; pack: fullest first) and sum the best k.
     if single:
         per_node = """
 per_node AS (
-    SELECT node_id, count(*) AS fitting,
+    SELECT node_id, name, count(*) AS fitting,
            CASE WHEN %(spread)s THEN max(headroom) ELSE min(headroom) END - %(need)s::bigint AS left_over
-    FROM units WHERE headroom >= %(need)s::bigint GROUP BY node_id
+    FROM units WHERE headroom >= %(need)s::bigint GROUP BY node_id, name
 )"""
     else:
         per_node = """
 ranked AS (
-    SELECT node_id, headroom,
+    SELECT node_id, name, headroom,
            row_number() OVER (
                PARTITION BY node_id
                ORDER BY CASE WHEN %(spread)s THEN -headroom ELSE headroom END, unit_index
@@ -190,41 +253,27 @@ ranked AS (
     FROM units WHERE headroom >= %(need)s::bigint
 ),
 per_node AS (
-    SELECT node_id, count(*) AS fitting,
+    SELECT node_id, name, count(*) AS fitting,
            sum(headroom) FILTER (WHERE rk <= %(k)s::bigint) - %(need)s::bigint * %(k)s::bigint AS left_over
-    FROM ranked GROUP BY node_id
+    FROM ranked GROUP BY node_id, name
 )"""
     return f"""
-WITH units AS ({units_sql}),{per_node}
-SELECT n.id
-FROM per_node pn JOIN {Node._meta.db_table} n ON n.id = pn.node_id
-WHERE pn.fitting >= %(k)s::bigint AND COALESCE(n.shm_total_bytes, 0) >= %(shm)s::bigint
-  AND {_MODEL_PRESENT}
-ORDER BY CASE WHEN %(spread)s THEN -pn.left_over ELSE pn.left_over END, n.name
-LIMIT %(limit)s
-"""  # noqa: S608
+WITH pending AS ({_pending()}),
+candidates AS (
+    SELECT n.id, n.name, n.memory_available_bytes FROM {Node._meta.db_table} n
+    WHERE {_ELIGIBLE} AND (%(only)s::uuid[] IS NULL OR n.id = ANY(%(only)s::uuid[]))
+      AND COALESCE(n.shm_total_bytes, 0) >= %(shm)s::bigint AND {_MODEL_PRESENT}
+),{units},{per_node},
+best AS (
+    SELECT node_id, name, left_over FROM per_node WHERE fitting >= %(k)s::bigint
+    ORDER BY {_best_first()}
+    LIMIT %(limit)s
+){details}"""  # noqa: S608
 
 
-_GPU_UNITS = f"""
-WITH pending AS ({_PENDING})
-SELECT n.id AS node_id, g."index" AS unit_index,
-       g.memory_total_bytes - g.memory_used_bytes - COALESCE(p.pending, 0) AS headroom
-FROM {Node._meta.db_table} n
-JOIN {GPU._meta.db_table} g ON g.node_id = n.id
-LEFT JOIN pending p ON p.gpu_id = g.id
-WHERE {_ELIGIBLE}
-"""  # noqa: S608
-_RAM_UNITS = f"""
-WITH pending AS ({_PENDING})
-SELECT n.id AS node_id, 0 AS unit_index,
-       COALESCE(n.memory_available_bytes, 0) - COALESCE(p.pending, 0) AS headroom
-FROM {Node._meta.db_table} n
-LEFT JOIN pending p ON p.node_id = n.id AND p.gpu_id IS NULL
-WHERE {_ELIGIBLE}
-"""  # noqa: S608
-_RANK_ONE_GPU = _ranking(_GPU_UNITS, single=True)
-_RANK_GPUS = _ranking(_GPU_UNITS, single=False)
-_RANK_RAM = _ranking(_RAM_UNITS, single=True)
+_RANK_ONE_GPU = _ranking(gpus=True, single=True)
+_RANK_GPUS = _ranking(gpus=True, single=False)
+_RANK_RAM = _ranking(gpus=False, single=True)
 
 # Only the chosen node's rows are locked, in a statement of its own: under READ COMMITTED a statement's
 # snapshot is taken when it starts, so the headroom is re-read in the next statement, which sees every
@@ -288,8 +337,13 @@ def _candidates(
     only: list[Any] | None,
     replica_nodes: frozenset[Any] | None,
 ) -> list[Candidate]:
+    """Every eligible node's units (``only``: those nodes' units), read in one statement."""
+    if only is None:
+        sql = _GPU_HEADROOM if gpus else _RAM_HEADROOM
+    else:
+        sql = _GPU_HEADROOM_OF if gpus else _RAM_HEADROOM_OF
     cursor.execute(
-        _GPU_HEADROOM if gpus else _RAM_HEADROOM,
+        sql,
         {
             "holding": list(HOLDING),
             "fresh_after": now - timedelta(seconds=settings.NODE_STALE_AFTER),
@@ -297,8 +351,15 @@ def _candidates(
             "only": only,
         },
     )
+    return _grouped(cursor.fetchall(), model, replica_nodes)
+
+
+def _grouped(
+    rows: list[tuple[Any, ...]], model: str, replica_nodes: frozenset[Any] | None
+) -> list[Candidate]:
+    """Rows of (node..., unit...) in node order, as one Candidate per node with its units."""
     found: dict[Any, Candidate] = {}
-    for node_id, name, shm, models, gpu_id, index, total, used, pending in cursor.fetchall():
+    for node_id, name, shm, models, gpu_id, index, total, used, pending in rows:
         candidate = found.get(node_id)
         if candidate is None:
             # Django's backend hands jsonb to raw cursors as text (the ORM parses it itself).
@@ -400,7 +461,7 @@ def place(request: Request, now: datetime | None = None) -> ModelServer:
     replicas = _replica_nodes(request.artifact)
     with transaction.atomic():
         with connection.cursor() as cursor:
-            # 1. The best few nodes, ranked in SQL; then their details, for the choice and the explanation.
+            # 1. The best few nodes, ranked in SQL, with their units' numbers (one statement).
             cursor.execute(
                 _RANK_RAM if not gpus else _RANK_ONE_GPU if gpus == 1 else _RANK_GPUS,
                 {
@@ -418,10 +479,7 @@ def place(request: Request, now: datetime | None = None) -> ModelServer:
                     "limit": EXPLAIN_RUNNERS_UP + 1,
                 },
             )
-            best = [row[0] for row in cursor.fetchall()]
-            candidates = (
-                _candidates(cursor, profile, request.model, gpus, now, best, replicas) if best else []
-            )
+            candidates = _grouped(cursor.fetchall(), request.model, replicas)
             verdicts = [_judge(c, profile, gpus, need, rule, request.model) for c in candidates]
             tried: set[str] = set()
             server = _claim(cursor, request, profile, gpus, need, rule, now, candidates, verdicts, tried)
@@ -533,12 +591,17 @@ def _record(
         "memory_rule": rule,
         "placement_explanation": explanation,
     }
+    placing = f"placing on {candidate.name}: {verdict.reason}"
+    reserved = f"reserved {gib(need)} x {max(gpus, 1)} on {candidate.name}"
+    reservations = [
+        Reservation(node_id=candidate.node_id, gpu_id=unit.gpu_id, bytes=need) for unit in verdict.units
+    ]
     if request.existing is not None:
         # The same server (its clusters and capabilities keep it), on the node chosen now.
         server = request.existing
         server.transition(
             ServerState.PLACING,
-            detail=f"{request.why}; placing on {candidate.name}: {verdict.reason}"[:500],
+            detail=f"{request.why}; {placing}"[:500],
             port=None,
             pid=None,
             running_at=None,  # a restart's back-off resets only after a run of its own (recovery)
@@ -546,7 +609,13 @@ def _record(
             failure_message="",
             **placed,
         )
+        _reserve(server, reservations)
+        server.transition(ServerState.STARTING, detail=reserved)
     else:
+        # A new row is created where its first two moves (pending -> placing -> starting, both allowed)
+        # would leave it, with both their event rows, in three statements. Nobody can see the row before
+        # this transaction commits, so transition()'s compare-and-swap guards nothing here, and the two
+        # moves cost 8 round trips (savepoint, update, event, release, twice): over half of a decision's.
         server = ModelServer.objects.create(
             name=request.name,
             artifact=request.artifact,
@@ -555,22 +624,39 @@ def _record(
             weights_bytes=request.weights_bytes,
             gpus_wanted=gpus,
             encrypted=request.encrypted,
+            state=ServerState.STARTING,
             **placed,
         )
-        server.transition(ServerState.PLACING, detail=f"placing on {candidate.name}: {verdict.reason}"[:500])
-    Reservation.objects.bulk_create(
-        [
-            Reservation(server=server, node_id=candidate.node_id, gpu_id=unit.gpu_id, bytes=need)
-            for unit in verdict.units
-        ]
-    )
-    server.transition(
-        ServerState.STARTING, detail=f"reserved {gib(need)} x {max(gpus, 1)} on {candidate.name}"
-    )
+        _reserve(server, reservations)
+        at = server.created_at
+        ServerEvent.objects.bulk_create(
+            [
+                ServerEvent(
+                    server=server,
+                    from_state=ServerState.PENDING,
+                    to_state=ServerState.PLACING,
+                    at=at,
+                    detail=placing[:500],
+                ),
+                ServerEvent(
+                    server=server,
+                    from_state=ServerState.PLACING,
+                    to_state=ServerState.STARTING,
+                    at=at,
+                    detail=reserved[:500],
+                ),
+            ]
+        )
     from apps.servers.tasks import start_server
 
     send_on_commit(start_server, str(server.pk))
     return server
+
+
+def _reserve(server: ModelServer, reservations: list[Reservation]) -> None:
+    for reservation in reservations:
+        reservation.server = server
+    Reservation.objects.bulk_create(reservations)
 
 
 def _refuse(

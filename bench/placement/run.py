@@ -31,7 +31,7 @@ def main() -> int:
     parser.add_argument("--decisions", type=int, default=50)
     args = parser.parse_args()
     with throwaway_stack():
-        from django.db import connection
+        from django.db import connection, transaction
         from django.test.utils import CaptureQueriesContext
         from django.utils import timezone
 
@@ -52,6 +52,8 @@ def main() -> int:
                         liveness="online",
                         last_heartbeat_at=now,
                         shm_total_bytes=64 * GIB,
+                        # Placement refuses a node that does not report the model (model_not_present_on_node).
+                        models_present=[{"name": "m"}],
                     )
                     for i in range(count)
                 ],
@@ -84,6 +86,8 @@ def main() -> int:
                 name=name, profile="test-echo-gpu", model="m", gpus=wanted, weights_bytes=8 * GIB * wanted
             )
 
+        with connection.cursor() as cursor:
+            cursor.execute("CREATE TABLE bench_floor (x int)")
         query_counts = {}
         for count in (10, args.nodes):
             fleet(count)
@@ -106,6 +110,23 @@ def main() -> int:
             )
         counts = f"{query_counts[10]} at 10 nodes, {query_counts[args.nodes]} at {args.nodes}"
         print(f"  queries per decision: {counts}")
+        # The database's floor: as many trivial round trips as a 1-GPU decision makes, in one transaction
+        # on the same connection, and the same with one row written (a commit that waits for the WAL).
+        # The count includes BEGIN and COMMIT, which the transaction sends itself.
+        statements = query_counts[args.nodes]
+        for label, write in (("SELECT 1", False), ("SELECT 1, the last an INSERT", True)):
+            floor = []
+            for _ in range(args.decisions):
+                started = time.perf_counter()
+                with transaction.atomic(), connection.cursor() as cursor:
+                    for _ in range(statements - 2 - write):
+                        cursor.execute("SELECT 1")
+                        cursor.fetchall()
+                    if write:
+                        cursor.execute("INSERT INTO bench_floor VALUES (1)")
+                floor.append((time.perf_counter() - started) * 1000)
+            what = f"BEGIN, {label} x {statements - 2}, COMMIT"
+            print(f"  ceiling: {what:<46} median {statistics.median(floor):6.2f} ms")
     return 0
 
 

@@ -83,6 +83,30 @@ def test_reservations_count_until_a_heartbeat_reflects_them():
     assert Reservation.objects.count() == 2
 
 
+def test_a_placed_server_is_recorded_starting_with_both_moves_and_its_reservation():
+    gpu_node("rig", [(24, 2, 0), (24, 10, 0)])
+    server = place(gpu_request("recorded", weights_gib=4))
+    server.refresh_from_db()
+    assert (server.state, placed_on(server)) == ("starting", "rig")
+    moves = list(server.events.order_by("id").values_list("from_state", "to_state", "detail"))
+    assert [(before, to) for before, to, _ in moves] == [("pending", "placing"), ("placing", "starting")]
+    assert moves[0][2].startswith("placing on rig: fits on GPU(s) 0")
+    assert moves[1][2] == "reserved 5.8 GiB x 1 on rig"
+    assert list(Reservation.objects.filter(server=server).values_list("gpu__index", flat=True)) == [0]
+
+
+def test_the_ranking_sees_reservations_and_looks_past_the_runners_up(settings):
+    # Regression guard: the ranking reads the whole fleet in SQL but returns only the best few nodes; the
+    # best must come out whatever its name, with reservations subtracted before ranking.
+    settings.PLACEMENT_STRATEGY = "spread"
+    for i in range(14):
+        gpu_node(f"a-{i:02d}", [(24, 4, 0)])
+    gpu_node("z-roomiest", [(48, 0, 0)])
+    assert placed_on(place(gpu_request("first", weights_gib=19))) == "z-roomiest"  # 23.8 GiB reserved
+    assert placed_on(place(gpu_request("second", weights_gib=4))) == "z-roomiest"  # 24.2 left > 20
+    assert placed_on(place(gpu_request("third", weights_gib=4))) == "a-00"  # 18.4 left < 20: then by name
+
+
 def test_a_disabled_or_stale_node_is_never_chosen(settings):
     gpu_node("disabled-but-empty", [(80, 0, 0)], enabled=False)
     gpu_node("busy", [(24, 10, 0)])
