@@ -265,8 +265,7 @@ candidates AS (
       AND COALESCE(n.shm_total_bytes, 0) >= %(shm)s::bigint AND {_MODEL_PRESENT}
 ),{units},{per_node},
 best AS (
-    -- The name joins after the aggregate: carried through it, it widened the sort of a multi-GPU
-    -- ranking past work_mem at 5,000 nodes (a sort on disk).
+    -- The name joins after the aggregate, not carried through the window sort of a multi-GPU ranking.
     SELECT pn.node_id, n.name, pn.left_over
     FROM per_node pn JOIN {Node._meta.db_table} n ON n.id = pn.node_id
     WHERE pn.fitting >= %(k)s::bigint
