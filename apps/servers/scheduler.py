@@ -200,7 +200,7 @@ def _ranking(gpus: bool, single: bool) -> str:
     if gpus:
         units = f"""
 units AS (
-    SELECT e.id AS node_id, e.name, g."index" AS unit_index,
+    SELECT e.id AS node_id, g."index" AS unit_index,
            g.memory_total_bytes - g.memory_used_bytes - COALESCE(p.pending, 0) AS headroom
     FROM candidates e
     JOIN {GPU._meta.db_table} g ON g.node_id = e.id
@@ -220,7 +220,7 @@ ORDER BY {_best_first("b.")}, g."index"
     else:
         units = """
 units AS (
-    SELECT e.id AS node_id, e.name, 0 AS unit_index,
+    SELECT e.id AS node_id, 0 AS unit_index,
            COALESCE(e.memory_available_bytes, 0) - COALESCE(p.pending, 0) AS headroom
     FROM candidates e
     LEFT JOIN pending p ON p.node_id = e.id AND p.gpu_id IS NULL
@@ -238,14 +238,14 @@ ORDER BY {_best_first("b.")}
     if single:
         per_node = """
 per_node AS (
-    SELECT node_id, name, count(*) AS fitting,
+    SELECT node_id, count(*) AS fitting,
            CASE WHEN %(spread)s THEN max(headroom) ELSE min(headroom) END - %(need)s::bigint AS left_over
-    FROM units WHERE headroom >= %(need)s::bigint GROUP BY node_id, name
+    FROM units WHERE headroom >= %(need)s::bigint GROUP BY node_id
 )"""
     else:
         per_node = """
 ranked AS (
-    SELECT node_id, name, headroom,
+    SELECT node_id, headroom,
            row_number() OVER (
                PARTITION BY node_id
                ORDER BY CASE WHEN %(spread)s THEN -headroom ELSE headroom END, unit_index
@@ -253,9 +253,9 @@ ranked AS (
     FROM units WHERE headroom >= %(need)s::bigint
 ),
 per_node AS (
-    SELECT node_id, name, count(*) AS fitting,
+    SELECT node_id, count(*) AS fitting,
            sum(headroom) FILTER (WHERE rk <= %(k)s::bigint) - %(need)s::bigint * %(k)s::bigint AS left_over
-    FROM ranked GROUP BY node_id, name
+    FROM ranked GROUP BY node_id
 )"""
     return f"""
 WITH pending AS ({_pending()}),
@@ -265,7 +265,10 @@ candidates AS (
       AND COALESCE(n.shm_total_bytes, 0) >= %(shm)s::bigint AND {_MODEL_PRESENT}
 ),{units},{per_node},
 best AS (
-    SELECT node_id, name, left_over FROM per_node WHERE fitting >= %(k)s::bigint
+    -- The name joins after the aggregate, not carried through the window sort of a multi-GPU ranking.
+    SELECT pn.node_id, n.name, pn.left_over
+    FROM per_node pn JOIN {Node._meta.db_table} n ON n.id = pn.node_id
+    WHERE pn.fitting >= %(k)s::bigint
     ORDER BY {_best_first()}
     LIMIT %(limit)s
 ){details}"""  # noqa: S608
