@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -128,3 +130,41 @@ def test_capacity_answers_are_counted_per_backend_apart_from_errors(settings):
             for pattern in client.scan_iter(key.format(bucket="*")):
                 client.hdel(pattern, "cap1")
         client.delete("modelforge:lb:fails:cap1")
+
+
+def test_with_redis_going_away_a_failing_request_does_not_wait_on_retries(settings):
+    """A Redis that accepts and drops every connection (a restart under way): counting one failing
+    request's failure costs at most a connection and one retry (the asyncio client makes one attempt
+    today), never a series with backoff, which the synchronous routing client's default took about 4 s
+    over (apps/clusters/bindings.routing_redis retries once since issue 17)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    accepted = []
+    stop = threading.Event()
+
+    def drop_every_connection() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            accepted.append(conn)
+            conn.close()
+
+    dropper = threading.Thread(target=drop_every_connection, daemon=True)
+    dropper.start()
+    settings.CELERY_BROKER_URL = f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    state = SharedState()
+
+    async def one_failure() -> None:
+        await state.failed("b1", "backend-1", "connection refused", [])
+
+    try:
+        run(one_failure)
+    finally:
+        stop.set()
+        dropper.join()
+        listener.close()
+    assert not state.redis_ok
+    assert state._local_fails["b1"] == 1  # counted in the process while Redis is away
+    assert 1 <= len(accepted) <= 2
