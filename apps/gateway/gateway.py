@@ -20,7 +20,7 @@ import msgspec
 
 from apps.clusters import codes
 from apps.gateway.lbstate import shared
-from apps.gateway.routing import Backend, authorize, not_bound_for, router
+from apps.gateway.routing import NOT_KNOWN, Backend, authorize, not_bound_for, router
 from apps.gateway.shapes import ShapeError, TooDeep, checked
 from apps.gateway.upstream import ConnectFailed, Upstream, UpstreamError, UpstreamTimeout
 from modelforge.errors import codes as error_codes
@@ -108,6 +108,9 @@ class Gateway:
             if method != "GET":
                 raise Refusal(405, error_codes.METHOD_NOT_ALLOWED, "Use GET.", {"allow": "GET"})
             grant, why = authorize(table, presented, None)
+            if grant is None and why == NOT_KNOWN:
+                table = await router.caught_up()
+                grant, why = authorize(table, presented, None)
             if grant is None:
                 raise Refusal(401, codes.CAPABILITY_NOT_AUTHORIZED, why, UNAUTHORIZED_HEADERS)
             data = [
@@ -145,9 +148,17 @@ class Gateway:
         if nul:
             raise Refusal(400, error_codes.VALIDATION_ERROR, nul_message(body))
         grant, why = authorize(table, presented, capability)
+        if grant is None and why == NOT_KNOWN:
+            # Minted a moment ago, its change notice still on the way: check the version before refusing.
+            table = await router.caught_up()
+            grant, why = authorize(table, presented, capability)
         if grant is None:
             raise Refusal(401, codes.CAPABILITY_NOT_AUTHORIZED, why, UNAUTHORIZED_HEADERS)
         backends, algorithm, _cluster = router.candidates_in(table, capability, grant.project)
+        if not backends:
+            # A server that started running a moment ago, a tier bound a moment ago: as for the credential.
+            table = await router.caught_up()
+            backends, algorithm, _cluster = router.candidates_in(table, capability, grant.project)
         tried: set[str] = set()
         if shared.flusher is None:
             shared.start_flushing()  # the counts and the bench list, once a second, beside the requests

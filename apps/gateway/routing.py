@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 import redis
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
 from apps.clusters.bindings import (
@@ -56,6 +56,8 @@ from apps.embedding_migrations.models import EmbeddingSpace
 from apps.servers.models import ModelServer
 
 logger = logging.getLogger("modelforge.gateway")
+
+NOT_KNOWN = "The credential is not known."
 
 # The refresher's version check without a notice (the fallback), and its wait between tries of Redis.
 CHECK_EVERY_S = 1.0
@@ -142,6 +144,19 @@ class Router:
             table = await sync_to_async(self.first_table, thread_sensitive=False)()
         return table
 
+    async def caught_up(self) -> Table:
+        """The table after a version check made now, rebuilt if it moved: for a refusal that a change the
+        refresher has not picked up yet could explain (a credential minted a moment ago, its notice still
+        on the way), checked before the refusal is given. A version read when nothing changed."""
+        return await sync_to_async(self._catch_up, thread_sensitive=False)()
+
+    def _catch_up(self) -> Table:
+        with self._build_lock:
+            table = self.refresh()
+        if self._refresher is None:
+            self.start()
+        return table
+
     def first_table(self) -> Table:
         with self._build_lock:
             table = self._table or self.refresh()
@@ -197,6 +212,7 @@ class Router:
                 subscription = self._unsubscribe(subscription)
         if subscription is not None:
             self._unsubscribe(subscription)
+        connection.close()  # this thread's; a stopped refresher holds no database session
 
     def _subscribe(self) -> Any:
         try:
@@ -330,7 +346,7 @@ def authorize(
     wanted = digest(presented)
     grant = table.grants.get(wanted)
     if grant is None or not hmac.compare_digest(grant.secret_hash, wanted):
-        return None, "The credential is not known."
+        return None, NOT_KNOWN
     if grant.revoked:
         return None, "The credential was revoked."
     if grant.expires_at is not None and grant.expires_at <= (now or timezone.now()):

@@ -9,6 +9,7 @@ import inspect
 import json
 import os
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -215,3 +216,43 @@ def test_with_the_database_away_the_last_table_stays(router, monkeypatch, caplog
     assert router.refresh() is table
     assert router.current() is table and digest(key) in table.grants
     assert any("serving the last one" in r.getMessage() for r in caplog.records)
+
+
+# Regression (CI of issue 17): a consumer minted its credential and called at once; the refresher had not
+# rebuilt yet, and the first call was refused "not known". A refusal a change could explain checks the
+# version first: the minted credential answers at once, with the notice and the check both 30 s away.
+def test_a_credential_minted_a_moment_ago_answers_at_once(router, echo, monkeypatch):
+    monkeypatch.setattr(routing, "CHECK_EVERY_S", 30.0)
+    monkeypatch.setattr(routing, "REBUILD_AT_LEAST_EVERY_S", 300.0)
+    bind("rag.embedding@1", server=running_server(loopback_node(), "echo-a", echo))
+    first = credential(["rag.embedding@1"])
+    router.refresh()
+    waiting = threading.Event()
+
+    def notices_lost(subscription: Any) -> None:
+        waiting.set()
+        router._stop.wait(30)
+
+    monkeypatch.setattr(router, "_await_notice", notices_lost)
+    router.start()
+    assert waiting.wait(10)  # the refresher's first check is behind it
+    minted = credential(["rag.embedding@1"])
+    assert digest(minted) not in router.current().grants
+    assert serve(minted, 2) == [200, 200]
+    assert serve(first, 1) == [200]
+    # A credential nobody minted is still refused, and costs a version read, not a rebuild.
+    rebuilds = router.rebuilds
+    assert serve("mfc_" + "x" * 40, 3) == [401] * 3
+    assert router.rebuilds == rebuilds
+
+
+def test_a_server_bound_a_moment_ago_answers_at_once(router, echo, monkeypatch):
+    monkeypatch.setattr(routing, "CHECK_EVERY_S", 30.0)
+    monkeypatch.setattr(routing, "REBUILD_AT_LEAST_EVERY_S", 300.0)
+    key = credential(["rag.embedding@1"])
+    router.refresh()
+    monkeypatch.setattr(router, "_await_notice", lambda subscription: router._stop.wait(30))
+    router.start()
+    bind("rag.embedding@1", server=running_server(loopback_node(), "echo-a", echo))
+    assert router.current().bindings.get("rag.embedding@1", []) == []
+    assert serve(key, 1) == [200]
