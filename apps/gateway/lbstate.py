@@ -78,7 +78,6 @@ class SharedState:
         self._busy: Counter[str] = Counter()
         self._local_fails: Counter[str] = Counter()
         self._local_history: dict[str, list[float]] = {}
-        self._flushed = 0.0
         self.process_id = f"{socket.gethostname()}:{os.getpid()}"
         self.in_flight: Counter[str] = Counter()
         self.others_in_flight: Counter[str] = Counter()
@@ -100,7 +99,7 @@ class SharedState:
     async def _flush_forever(self) -> None:
         while not self._flush_stopped:
             try:
-                await self.maybe_flush(force=True)
+                await self.flush()
             except Exception:  # never let the flusher die: the next second tries again
                 logger.exception("load-balancer state not flushed")
             if not self._flush_stopped:
@@ -215,13 +214,10 @@ class SharedState:
         if count >= settings.LB_CHURN_THRESHOLD:
             await sync_to_async(_raise_churn, thread_sensitive=False)(key, name, count)
 
-    async def maybe_flush(self, force: bool = False) -> None:
+    async def flush(self) -> None:
         """Once a second (``start_flushing``): push traffic counts, read the bench list back (one round
         trip)."""
         now = time.time()
-        if not force and now - self._flushed < FLUSH_EVERY_S:
-            return
-        self._flushed = now
         bucket = int(now // TRAFFIC_BUCKET_S)
         traffic, errors, busy = self._traffic, self._errors, self._busy
         self._traffic, self._errors, self._busy = Counter(), Counter(), Counter()

@@ -290,7 +290,6 @@ def _adopt(server: ModelServer, node: Node, seen: dict[str, Any], why: str) -> i
     except ApiError:
         return 0
     logger.warning("adopted server %s on node %s: its agent reports it running", server.name, node.name)
-    server_state_changed.send(sender=ModelServer, server_id=server.pk)
     return 1
 
 

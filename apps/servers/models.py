@@ -68,7 +68,11 @@ class ModelServer(StatefulModel):
             fields.setdefault("stopped_at", now)
 
     def record_transition(self, before: str, to: str, *, at: datetime, detail: str, by: str) -> None:
-        ServerEvent.objects.create(server=self, from_state=before, to_state=to, at=at, detail=detail[:500])
+        self.transition_event(before, to, at=at, detail=detail).save()
+
+    def transition_event(self, before: str, to: str, *, at: datetime, detail: str) -> ServerEvent:
+        """The event row of a move (unsaved): ``record_transition``'s, and placement's two in one insert."""
+        return ServerEvent(server=self, from_state=before, to_state=to, at=at, detail=detail[:500])
 
     def after_transition(self, before: str, to: str) -> None:
         if to not in HOLDING:

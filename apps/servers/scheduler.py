@@ -634,20 +634,8 @@ def _record(
         at = server.created_at
         ServerEvent.objects.bulk_create(
             [
-                ServerEvent(
-                    server=server,
-                    from_state=ServerState.PENDING,
-                    to_state=ServerState.PLACING,
-                    at=at,
-                    detail=placing[:500],
-                ),
-                ServerEvent(
-                    server=server,
-                    from_state=ServerState.PLACING,
-                    to_state=ServerState.STARTING,
-                    at=at,
-                    detail=reserved[:500],
-                ),
+                server.transition_event(ServerState.PENDING, ServerState.PLACING, at=at, detail=placing),
+                server.transition_event(ServerState.PLACING, ServerState.STARTING, at=at, detail=reserved),
             ]
         )
     from apps.servers.tasks import start_server

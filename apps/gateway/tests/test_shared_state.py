@@ -41,8 +41,8 @@ def test_in_flight_counts_are_seen_by_every_process(clean_redis):
     first.in_flight["b1"] = 7
 
     async def flush_both() -> None:
-        await first.maybe_flush(force=True)
-        await second.maybe_flush(force=True)
+        await first.flush()
+        await second.flush()
 
     run(flush_both)
     assert second.in_flight_estimate("b1") == 7  # least-connections in process 2 sees process 1's load
@@ -58,7 +58,7 @@ def test_a_bench_decided_in_one_process_is_honoured_by_another(clean_redis, sett
     async def fail_five_then_flush() -> None:
         for _ in range(settings.LB_CONSECUTIVE_FAILURES):
             await first.failed("b1", "pool/b1", "HTTP 502", [backend, SimpleNamespace(key="b2")])
-        await second.maybe_flush(force=True)
+        await second.flush()
 
     run(fail_five_then_flush)
     assert first.is_benched("b1") and second.is_benched("b1")
@@ -73,7 +73,7 @@ def test_without_redis_each_process_carries_on_alone_and_says_so(settings, caplo
 
     async def carry_on() -> None:
         await alone.served("b1")
-        await alone.maybe_flush(force=True)
+        await alone.flush()
         for _ in range(settings.LB_CONSECUTIVE_FAILURES):
             await alone.failed("b1", "pool/b1", "connection refused", [backend])
 
@@ -115,8 +115,8 @@ def test_capacity_answers_are_counted_per_backend_apart_from_errors(settings):
         await first.failed("cap1", "pool/cap1", "HTTP 503", [backend], at_capacity=True)
         await second.failed("cap1", "pool/cap1", "HTTP 502", [backend])
         await first.served("cap1")
-        await first.maybe_flush(force=True)
-        await second.maybe_flush(force=True)
+        await first.flush()
+        await second.flush()
 
     try:
         run(answer)
