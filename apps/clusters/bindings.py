@@ -23,6 +23,7 @@ from apps.clusters.models import Algorithm, Capability, ClusterMember, RoutingTi
 from apps.nodes.models import Node
 from apps.servers.choices import ServerState
 from apps.servers.models import ModelServer
+from apps.servers.profiles import ENDPOINT_PATHS, runtime_profiles
 
 logger = logging.getLogger("modelforge.gateway")
 
@@ -82,6 +83,9 @@ class Backend:
     name: str
     url: str
     weight: int
+    # The OpenAI paths its runtime profile says the engine serves (every one when the profile is gone:
+    # a running server is not cut off because a manifest file was removed).
+    endpoints: frozenset[str] = frozenset(ENDPOINT_PATHS.values())
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,8 @@ def read_bindings() -> tuple[dict[str, list[Binding]], dict[str, str]]:
         if s.node_id in assignable
     }
 
+    profiles = runtime_profiles()
+
     def backend(server: ModelServer, name: str, weight: int) -> Backend | None:
         if server.pk not in running or weight <= 0:
             return None
@@ -114,7 +120,9 @@ def read_bindings() -> tuple[dict[str, list[Binding]], dict[str, str]]:
             server.node.agent_url.split("://", 1)[-1].split("/", 1)[0].rsplit(":", 1)[0]  # type: ignore[union-attr]
             or "127.0.0.1"
         )
-        return Backend(str(server.pk), name, f"http://{host}:{server.port}", weight)
+        profile = profiles.get(server.profile)
+        endpoints = profile.endpoints if profile is not None else frozenset(ENDPOINT_PATHS.values())
+        return Backend(str(server.pk), name, f"http://{host}:{server.port}", weight, endpoints)
 
     members: dict[int, list[ClusterMember]] = {}
     for member in ClusterMember.objects.filter(server__isnull=False):

@@ -6,6 +6,9 @@ CLUSTER_MEMBERSHIP_LOCKED = "CLUSTER_MEMBERSHIP_LOCKED"
 UPSTREAM_FAILED = "UPSTREAM_FAILED"
 UPSTREAM_TIMEOUT = "UPSTREAM_TIMEOUT"
 UPSTREAM_REJECTED = "UPSTREAM_REJECTED"
+# The capability's backends run an engine that does not serve the endpoint (their runtime profile's
+# ``endpoints``): refused before any backend is contacted.
+ENDPOINT_NOT_SERVED = "ENDPOINT_NOT_SERVED"
 
 # Alert: a capability with routing tiers but no running backend (critical); cleared when one runs.
 ALERT_CAPABILITY_UNSERVED = "CAPABILITY_UNSERVED"

@@ -35,6 +35,9 @@ class Capability(models.Model):
         help_text="Served by the other capability's backends: a consumer alias's query name, switched by "
         "its cutover (apps/embedding_migrations).",
     )
+    # OpenAI's model object has a creation time (``GET /v1/models``); rows older than the field have the
+    # time of the migration that added it.
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:
         ordering = ["name"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from typing import Any
 
@@ -20,7 +21,7 @@ import msgspec
 
 from apps.clusters import codes
 from apps.gateway.lbstate import shared
-from apps.gateway.routing import NOT_KNOWN, Backend, authorize, not_bound_for, router
+from apps.gateway.routing import NOT_KNOWN, Backend, Table, authorize, not_bound_for, router
 from apps.gateway.shapes import ShapeError, TooDeep, checked
 from apps.gateway.upstream import ConnectFailed, Upstream, UpstreamError, UpstreamTimeout
 from modelforge.errors import codes as error_codes
@@ -43,6 +44,7 @@ logger = logging.getLogger("modelforge.gateway")
 
 
 PREFIX = "/v1/"
+MODELS_PREFIX = "/v1/models/"
 FORWARDED = {"/v1/embeddings", "/v1/chat/completions", "/v1/completions"}
 UNAUTHORIZED_HEADERS = {"www-authenticate": 'Bearer realm="modelforge-gateway"'}
 # Upstream: a connection within 2 s, then every chunk within 120 s (a long generation streams chunks).
@@ -104,21 +106,23 @@ class Gateway:
         table = router.current() or await router.table()
         scheme, _, presented = headers.get("authorization", "").partition(" ")
         presented = presented.strip() if scheme.lower() == "bearer" else ""
-        if path == "/v1/models":
+        if path == "/v1/models" or path.startswith(MODELS_PREFIX):
             if method != "GET":
                 raise Refusal(405, error_codes.METHOD_NOT_ALLOWED, "Use GET.", {"allow": "GET"})
-            grant, why = authorize(table, presented, None)
+            # One model: the credential must be scoped to it, refused exactly as a call to it would be
+            # (no oracle for which capabilities exist).
+            wanted = path[len(MODELS_PREFIX) :] if path != "/v1/models" else None
+            grant, why = authorize(table, presented, wanted)
             if grant is None and why == NOT_KNOWN:
                 table = await router.caught_up()
-                grant, why = authorize(table, presented, None)
+                grant, why = authorize(table, presented, wanted)
             if grant is None:
                 raise Refusal(401, codes.CAPABILITY_NOT_AUTHORIZED, why, UNAUTHORIZED_HEADERS)
-            data = [
-                {"id": name, "object": "model", "owned_by": "modelforge"} for name in sorted(grant.scopes)
-            ]
-            await respond(
-                send, 200, json.dumps({"object": "list", "data": data}).encode(), JSON, correlation_id
-            )
+            if wanted is not None:
+                answer: dict[str, Any] = model_object(table, wanted)
+            else:
+                answer = {"object": "list", "data": [model_object(table, n) for n in sorted(grant.scopes)]}
+            await respond(send, 200, json.dumps(answer).encode(), JSON, correlation_id)
             return 200
         if path not in FORWARDED:
             raise Refusal(
@@ -159,6 +163,15 @@ class Gateway:
             # A server that started running a moment ago, a tier bound a moment ago: as for the credential.
             table = await router.caught_up()
             backends, algorithm, _cluster = router.candidates_in(table, capability, grant.project)
+        if backends and not any(path in b.endpoints for b in backends):
+            served = sorted({p for b in backends for p in b.endpoints})
+            raise Refusal(
+                404,
+                codes.ENDPOINT_NOT_SERVED,
+                f"{capability!r} is served by an engine that does not serve {path}; it serves "
+                f"{', '.join(served)}. The runtime profile's `endpoints` says what its engine serves.",
+            )
+        backends = [b for b in backends if path in b.endpoints]
         tried: set[str] = set()
         if shared.flusher is None:
             shared.start_flushing()  # the counts and the bench list, once a second, beside the requests
@@ -176,7 +189,7 @@ class Gateway:
             tried.add(backend.key)
             try:
                 status = await self._forward(
-                    backend, path, body, send, correlation_id, table.spaces.get(capability)
+                    backend, path, body, send, correlation_id, capability, table.spaces.get(capability)
                 )
             except ConnectFailed as exc:
                 # Nothing reached the backend: count it, and try another once.
@@ -248,6 +261,7 @@ class Gateway:
         body: bytes,
         send: Send,
         correlation_id: str,
+        capability: str,
         space: str | None = None,
     ) -> int:
         """Proxy one request. A backend error becomes the envelope (the backend's message kept); a
@@ -265,17 +279,23 @@ class Gateway:
             if response.status >= 400:
                 text = (await response.read()).decode(errors="replace")
                 raise BackendAnswered(response.status, _backend_message(text))
+            named = json.dumps(capability).encode()
+            content_type = response.content_type()
             headers = [
-                (b"content-type", response.content_type()),
+                (b"content-type", content_type),
                 (b"x-correlation-id", correlation_id.encode()),
                 (b"x-modelforge-backend", backend.name.encode()),
             ]
             if space is not None:  # the embedding space the answer was made in (apps/embedding_migrations)
                 headers.append((b"x-modelforge-embedding-space", space.encode()))
+            if not response.complete and not content_type.startswith(b"text/event-stream"):
+                # A JSON answer longer than its first read: gathered (the client needs all of it anyway)
+                # so that its `model` can be named, up to a bound; past it, passed through as it comes.
+                await response.gather(RENAME_AT_MOST)
             if response.complete:
                 # The whole answer came with its head (the usual case for embeddings and non-streamed
                 # chat): one body message, so the server writes it at once with a Content-Length.
-                body_out = response.take_available()
+                body_out = renamed(response.take_available(), named)
                 headers.append((b"content-length", str(len(body_out)).encode()))
                 await send({"type": "http.response.start", "status": response.status, "headers": headers})
                 started = True
@@ -283,8 +303,15 @@ class Gateway:
                 return response.status
             await send({"type": "http.response.start", "status": response.status, "headers": headers})
             started = True
+            events = EventRenamer(named) if content_type.startswith(b"text/event-stream") else None
             async for chunk in response.chunks():
+                if events is not None:
+                    chunk = events.feed(chunk)
+                    if not chunk:
+                        continue
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if events is not None and (rest := events.rest()):
+                await send({"type": "http.response.body", "body": rest, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return response.status
         except UpstreamError as exc:
@@ -302,6 +329,49 @@ class Gateway:
             if response is not None:
                 response.release()
             shared.in_flight[backend.key] -= 1
+
+
+def model_object(table: Table, name: str) -> dict[str, Any]:
+    """OpenAI's model object for a capability."""
+    return {"id": name, "object": "model", "created": table.created.get(name, 0), "owned_by": "modelforge"}
+
+
+# `"model": "<anything>"` in JSON: a string's own quotes are escaped inside it, so this matches keys only.
+_MODEL_FIELD = re.compile(rb'"model"\s*:\s*"(?:[^"\\]|\\.)*"')
+# A non-streamed answer is gathered to name its model up to this size; a larger one passes as it comes.
+RENAME_AT_MOST = 16 * 2**20
+
+
+def renamed(body: bytes, named: bytes) -> bytes:
+    """``body`` with every ``"model"`` field naming the capability the client asked for (``named``, JSON):
+    the backend's own name for its model (a folder, a file) is the backend's business; the backend is in
+    ``x-modelforge-backend``."""
+    if b'"model"' not in body:
+        return body
+    return _MODEL_FIELD.sub(b'"model":' + named.replace(b"\\", b"\\\\"), body)
+
+
+class EventRenamer:
+    """``renamed`` over a server-sent event stream, a whole line at a time: a line cut between two reads is
+    held until its end arrives (a client can use no part of a line before its end anyway)."""
+
+    def __init__(self, named: bytes) -> None:
+        self.named, self.held = named, b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self.held + chunk if self.held else chunk
+        end = data.rfind(b"\n") + 1
+        if end == 0 and len(data) < RENAME_AT_MOST:
+            self.held = data
+            return b""
+        if end == 0:
+            end = len(data)
+        self.held = data[end:]
+        return renamed(data[:end], self.named)
+
+    def rest(self) -> bytes:
+        rest, self.held = self.held, b""
+        return renamed(rest, self.named)
 
 
 class BackendAnswered(Exception):

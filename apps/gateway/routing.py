@@ -91,6 +91,8 @@ class Table:
     bindings: dict[str, list[Binding]]
     # The embedding space key per capability (apps/embedding_migrations), sent back with embeddings.
     spaces: dict[str, str] = field(default_factory=dict)
+    # Each capability's creation time (Unix seconds), for OpenAI's model objects.
+    created: dict[str, int] = field(default_factory=dict)
     built_at: float = field(default_factory=time.monotonic)
     # Candidates per (capability, project), computed once per table: a table never changes once built.
     candidates: dict[tuple[str, str], tuple[list[Backend], str, str | None]] = field(
@@ -114,7 +116,8 @@ def build_table() -> Table:
             spaces[name] = spaces[followed]
         else:
             spaces.pop(name, None)
-    return Table(grants, bindings, spaces)
+    created = {name: int(at.timestamp()) for name, at in Capability.objects.values_list("name", "created_at")}
+    return Table(grants, bindings, spaces, created)
 
 
 class Router:

@@ -206,6 +206,13 @@ class UpstreamResponse:
         chunks.clear()
         return data
 
+    async def gather(self, at_most: int) -> None:
+        """Wait for the rest of the body, unless more than ``at_most`` bytes of it have arrived (then
+        ``chunks()`` passes on what has, and the rest as it comes)."""
+        conn = self._conn
+        while not conn.complete and sum(len(chunk) for chunk in conn.chunks) <= at_most:
+            await conn.wait(self._pool.read_timeout)
+
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body, chunk by chunk as it arrives, never buffered whole."""
         conn = self._conn

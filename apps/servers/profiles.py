@@ -13,6 +13,8 @@ A profile::
     engine = "embeddings"            # vllm | llamacpp | embeddings | test
     accelerator = "cpu"              # nvidia | cpu
     local_node_only = false          # true for GGUF (llamacpp) servers: never started remotely
+    endpoints = ["embeddings"]       # chat | completions | embeddings: what the engine serves (the gateway
+                                     # refuses the rest, ENDPOINT_NOT_SERVED); unset: the engine's default
     [memory]
     rule = "fixed"                   # fixed: per_gpu_gib; weights_factor: factor x weights + overhead_gib
     per_gpu_gib = 2.0
@@ -41,10 +43,24 @@ Engine = Literal["vllm", "llamacpp", "embeddings", "test"]
 Accelerator = Literal["nvidia", "cpu"]
 MemoryRule = Literal["fixed", "weights_factor"]
 ReadyCheck = Literal["none", "chat", "embeddings"]
+Endpoint = Literal["chat", "completions", "embeddings"]
 ENGINES: tuple[str, ...] = get_args(Engine)
 ACCELERATORS: tuple[str, ...] = get_args(Accelerator)
 MEMORY_RULES: tuple[str, ...] = get_args(MemoryRule)
 READY_CHECKS: tuple[str, ...] = get_args(ReadyCheck)
+# The OpenAI path of each endpoint a profile may declare.
+ENDPOINT_PATHS = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+}
+# What an engine serves when its profile does not say (declare it: a model decides as much as its engine).
+ENGINE_ENDPOINTS: dict[str, tuple[str, ...]] = {
+    "vllm": ("chat", "completions"),
+    "llamacpp": ("chat", "completions"),
+    "embeddings": ("embeddings",),
+    "test": ("chat", "embeddings"),
+}
 PLACEHOLDERS = (
     "{python}",
     "{port}",
@@ -96,6 +112,7 @@ class Manifest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     launch: LaunchSpec
     shm: ShmSpec = ShmSpec()
     local_node_only: bool | None = None  # unset: true for llamacpp, false otherwise
+    endpoints: list[Endpoint] | None = None  # unset: ENGINE_ENDPOINTS[engine]
 
 
 @dataclass(frozen=True)
@@ -124,6 +141,8 @@ class RuntimeProfile:
     shm_bytes: int
     launch: LaunchTemplate
     source: str
+    # The OpenAI paths its engine serves (ENDPOINT_PATHS): the gateway refuses the others.
+    endpoints: frozenset[str] = frozenset(ENDPOINT_PATHS.values())
 
     def memory_need(self, weights_bytes: int | None, gpus: int) -> tuple[int, str]:
         """Bytes needed on each GPU (or of RAM on a cpu node), and the rule used, in words."""
@@ -275,12 +294,26 @@ def _explain(exc: msgspec.ValidationError, value: object, annotation: Any) -> tu
             return "", described[0]
     text, _, at = str(exc).partition(" - at `$")
     at = at.rstrip("`").replace("[...]", "")  # a dict value's key is not named by msgspec
+    enum = re.fullmatch(r"Invalid enum value (.+)", text)
+    choices = _literal_choices(annotation)
+    if enum and choices:  # an item of a list of choices
+        return at, f"{enum[1]} is not one of {', '.join(choices)}"
     wrong = re.fullmatch(r"Expected `(.+?)`, got `(.+?)`", text)
     if wrong:
         expected = wrong[1].removesuffix(" | null")  # an optional field's "unset" is no value to give
         expected = "a number" if expected == "float" else expected
         return at, f"must be {expected}, not {wrong[2]}"
     return at, text
+
+
+def _literal_choices(annotation: Any) -> tuple[str, ...]:
+    """The choices of the first ``Literal`` inside ``annotation`` (``list[Endpoint] | None``: Endpoint's)."""
+    if get_origin(annotation) is Literal:
+        return get_args(annotation)
+    for inner in get_args(annotation):
+        if found := _literal_choices(inner):
+            return found
+    return ()
 
 
 def _converts(value: object, annotation: Any) -> bool:
@@ -319,6 +352,14 @@ def _placeholders_are_known(fields: Fields, fail: Fail) -> None:
             fail(where, f"unknown placeholder(s) {', '.join(unknown)}; known: {', '.join(PLACEHOLDERS)}")
 
 
+def _ready_check_is_served(fields: Fields, fail: Fail) -> None:
+    check, endpoints = fields.get("launch.ready_check"), fields.get("endpoints")
+    if endpoints is not None and not endpoints:
+        fail("endpoints", "must name at least one of " + ", ".join(ENDPOINT_PATHS))
+    elif check in ("chat", "embeddings") and endpoints is not None and check not in endpoints:
+        fail("endpoints", f"must include {check!r}: launch.ready_check proves the model with it")
+
+
 def _placeholders(value: str | list[str] | dict[str, str] | None) -> Iterator[str]:
     if isinstance(value, dict):
         texts = list(value.values())
@@ -335,6 +376,7 @@ _RULES: tuple[Callable[[Fields, Fail], None], ...] = (
     _memory_rule_needs,
     _launch_passes_the_port,
     _placeholders_are_known,
+    _ready_check_is_served,
 )
 
 
@@ -357,4 +399,7 @@ def _profile(path: Path, manifest: Manifest) -> RuntimeProfile:
             launch.command, tuple(launch.args), launch.health_path, dict(launch.env), launch.ready_check
         ),
         source=str(path),
+        endpoints=frozenset(
+            ENDPOINT_PATHS[e] for e in (manifest.endpoints or ENGINE_ENDPOINTS[manifest.engine])
+        ),
     )

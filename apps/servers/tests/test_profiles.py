@@ -168,3 +168,38 @@ def test_production_refuses_to_start_on_a_bad_manifest(tmp_path):
     b = tmp_path / "runtimes" / "b.toml"
     assert f"- [INVALID_MANIFEST] {b}: engine: 'tensorrt' is not one of vllm, llamacpp" in finished.stderr
     assert f"- [INVALID_MANIFEST] {b}: launch.command: is required" in finished.stderr
+
+
+def test_a_profile_declares_the_endpoints_its_engine_serves(tmp_path):
+    profiles, _ = load_profiles(ROOT / "config")
+    assert profiles["llamacpp-gemma-embeddings"].endpoints == {"/v1/embeddings"}
+    assert profiles["llamacpp-gemma"].endpoints == {"/v1/chat/completions", "/v1/completions"}
+    assert profiles["test-echo"].endpoints == {"/v1/chat/completions", "/v1/embeddings"}
+    base = """
+name = "{name}"
+engine = "{engine}"
+accelerator = "cpu"
+{endpoints}
+[memory]
+rule = "fixed"
+per_gpu_gib = 1
+[launch]
+command = "x"
+args = ["--port", "{{port}}"]
+ready_check = "{check}"
+"""
+    cases = {
+        "unset.toml": ("unset", "embeddings", "", "embeddings"),
+        "wrong.toml": ("wrong", "vllm", 'endpoints = ["chat", "images"]', "chat"),
+        "empty.toml": ("empty", "vllm", "endpoints = []", "none"),
+        "unproven.toml": ("unproven", "vllm", 'endpoints = ["completions"]', "chat"),
+    }
+    for file, (name, engine, endpoints, check) in cases.items():
+        write(tmp_path, file, base.format(name=name, engine=engine, endpoints=endpoints, check=check))
+    profiles, problems = load_profiles(tmp_path)
+    # Unset: the engine's default (ENGINE_ENDPOINTS), here an embeddings engine's one endpoint.
+    assert set(profiles) == {"unset"} and profiles["unset"].endpoints == {"/v1/embeddings"}
+    found = {p.where.split("/")[-1]: p.message for p in problems}
+    assert found["wrong.toml: endpoints[1]"] == "'images' is not one of chat, completions, embeddings"
+    assert found["empty.toml: endpoints"].startswith("must name at least one of")
+    assert found["unproven.toml: endpoints"] == "must include 'chat': launch.ready_check proves the model with it"

@@ -78,11 +78,26 @@ def test_a_gguf_model_is_served_by_llama_cpp_on_the_local_node(
         # The Gemma chat format: real generated words, not an empty answer in a fallback format.
         assert text.strip() and any(c.isalpha() for c in text), chat
         assert chat.usage is not None and chat.usage.completion_tokens > 0 and chat.usage.prompt_tokens > 5
+        # The answer names the capability asked for, not llama.cpp's name for the GGUF file.
+        assert chat.model == "chat.gemma@1"
+        streamed = list(
+            client.chat.completions.create(
+                model="chat.gemma@1", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, stream=True
+            )
+        )
+        assert streamed and {chunk.model for chunk in streamed} == {"chat.gemma@1"}
         completion = client.completions.create(
             model="chat.gemma@1", prompt="The capital of France is", max_tokens=8, temperature=0
         )
         assert completion.usage is not None and completion.usage.completion_tokens > 0
         assert completion.choices[0].text.strip(), completion
+        assert completion.model == "chat.gemma@1"
+        # llama.cpp's server here runs without --embedding: its profile does not declare embeddings, and
+        # the gateway says so itself rather than passing on whatever the engine would answer.
+        with pytest.raises(APIStatusError) as refused:
+            client.embeddings.create(model="chat.gemma@1", input="x")
+        assert refused.value.status_code == 404
+        assert refused.value.response.json()["code"] == "ENDPOINT_NOT_SERVED"
     finally:
         os.killpg(agent.process.pid, signal.SIGTERM)
         agent.process.wait(30)
