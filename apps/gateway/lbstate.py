@@ -31,6 +31,9 @@ import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from apps.gateway.limits import add_tokens
+from apps.gateway.usage import TOTALS_KEY, USAGE_KEEP_S, USAGE_KEY, Meter, tokens_per_credential
+
 logger = logging.getLogger("modelforge.gateway")
 
 FLUSH_EVERY_S = 1.0
@@ -76,6 +79,7 @@ class SharedState:
         self._traffic: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
         self._busy: Counter[str] = Counter()
+        self.usage = Meter()
         self._local_fails: Counter[str] = Counter()
         self._local_history: dict[str, list[float]] = {}
         self.process_id = f"{socket.gethostname()}:{os.getpid()}"
@@ -97,11 +101,17 @@ class SharedState:
             await self.flusher
 
     async def _flush_forever(self) -> None:
+        task = asyncio.current_task()
         while not self._flush_stopped:
             try:
                 await self.flush()
             except Exception:  # never let the flusher die: the next second tries again
                 logger.exception("load-balancer state not flushed")
+            if task is not None and task.cancelling():
+                # Cancelled during a Redis call that answered with its own error (redis-py's asyncio
+                # client can turn a cancellation into a connection error): stop as asked, or the loop's
+                # shutdown waits for this task for ever.
+                raise asyncio.CancelledError
             if not self._flush_stopped:
                 await asyncio.sleep(FLUSH_EVERY_S)
 
@@ -221,8 +231,19 @@ class SharedState:
         bucket = int(now // TRAFFIC_BUCKET_S)
         traffic, errors, busy = self._traffic, self._errors, self._busy
         self._traffic, self._errors, self._busy = Counter(), Counter(), Counter()
+        used, totals = self.usage.take()
         try:
             async with self.client.pipeline(transaction=False) as pipe:
+                for field, count in totals.items():  # /metrics: since the first flush
+                    pipe.hincrby(TOTALS_KEY, field, count)
+                if used:  # usage per credential (apps/gateway/usage.py), this minute's hash
+                    usage_key = USAGE_KEY.format(bucket=bucket)
+                    for field, count in used.items():
+                        pipe.hincrby(usage_key, field, count)
+                    pipe.expire(usage_key, USAGE_KEEP_S)
+                    # Tokens against each credential's minute, day and month (apps/gateway/limits.py).
+                    for credential, tokens in tokens_per_credential(used).items():
+                        add_tokens(pipe, credential, tokens, now)
                 for key, count in traffic.items():
                     pipe.hincrby(TRAFFIC_KEY.format(bucket=bucket), key, count)
                 for key, count in errors.items():
@@ -255,6 +276,7 @@ class SharedState:
         except (redis.RedisError, OSError) as exc:
             self._redis_failed(exc)
             self.others_in_flight = Counter()
+            self.usage.put_back(used, totals)  # usage is kept until Redis takes it (traffic shares are not)
             return
         benched: dict[str, Bench] = {}
         for raw_key, raw in (results[-1] or {}).items():
@@ -262,11 +284,11 @@ class SharedState:
             if data["until"] > now:
                 benched[raw_key.decode() if isinstance(raw_key, bytes) else raw_key] = Bench(**data)
         self.benched = benched
-        totals: Counter[str] = Counter()
+        theirs: Counter[str] = Counter()
         for mapping in counts:
             for k, v in (mapping or {}).items():
-                totals[k.decode() if isinstance(k, bytes) else k] += int(v)
-        self.others_in_flight = totals
+                theirs[k.decode() if isinstance(k, bytes) else k] += int(v)
+        self.others_in_flight = theirs
 
     def in_flight_estimate(self, key: str) -> int:
         """Requests in flight to ``key`` across every web process: this one's now, the others' as of

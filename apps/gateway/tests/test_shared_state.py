@@ -168,3 +168,36 @@ def test_with_redis_going_away_a_failing_request_does_not_wait_on_retries(settin
     assert not state.redis_ok
     assert state._local_fails["b1"] == 1  # counted in the process while Redis is away
     assert 1 <= len(accepted) <= 2
+
+
+# Regression: a test's event loop never closed (its shutdown waits for every task), intermittently. A
+# cancellation that arrived during the flush's Redis call came back as the client's own error, which the
+# flusher takes as one more failed flush and sleeps on: the task never ended.
+def test_the_flusher_stops_when_cancelled_even_if_redis_swallows_the_cancel():
+    state = SharedState()
+    entered = asyncio.Event()
+
+    async def swallowing_flush() -> None:
+        entered.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            raise redis.ConnectionError("connection closed by the cancel") from None
+
+    state.flush = swallowing_flush  # type: ignore[method-assign]
+
+    async def main() -> bool:
+        state.start_flushing()
+        await entered.wait()
+        assert state.flusher is not None
+        state.flusher.cancel()
+        done, _ = await asyncio.wait([state.flusher], timeout=5)
+        return bool(done)
+
+    # In a thread of its own: without the mend, asyncio.run's shutdown waits for ever (a failure here, not
+    # a hung test run).
+    results: list[bool] = []
+    runner = threading.Thread(target=lambda: results.append(asyncio.run(main())), daemon=True)
+    runner.start()
+    runner.join(15)
+    assert results == [True], "the event loop did not shut down: the flusher outlived its cancellation"
