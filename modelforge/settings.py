@@ -270,6 +270,8 @@ DATABASES["observability"] = {
 DATABASE_ROUTERS = ["modelforge.dbrouter.ObservabilityRouter"]
 TELEMETRY_SAMPLE_INTERVAL = read.integer("MODELFORGE_TELEMETRY_SAMPLE_INTERVAL", 60, minimum=5, maximum=3600)
 TELEMETRY_RETENTION_DAYS = read.integer("MODELFORGE_TELEMETRY_RETENTION_DAYS", 7, minimum=1, maximum=3650)
+# Usage per credential (apps/gateway/usage.py), per minute on the observability alias.
+USAGE_RETENTION_DAYS = read.integer("MODELFORGE_USAGE_RETENTION_DAYS", 90, minimum=1, maximum=3650)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -382,3 +382,13 @@ def agent_environment(
     if models:
         env["MODELFORGE_AGENT_MODELS_DIR"] = str(models)
     return env
+
+
+def clear_usage() -> None:
+    """Forget the gateway's usage counters and the roll-up's mark (tests share one Redis)."""
+    import redis
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    keys = list(client.scan_iter("modelforge:usage:*"))
+    if keys:
+        client.delete(*keys)

@@ -42,6 +42,15 @@ def vector(text: str, model: str = "echo", dimensions: int = 8) -> list[float]:
     return [round(v / norm, 6) for v in values]
 
 
+def _words(messages: list[Any]) -> int:
+    """The echo engine's tokens: words."""
+    return sum(len(str(m.get("content") or "").split()) for m in messages if isinstance(m, dict))
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
 def make_handler(model: str) -> type[BaseHTTPRequestHandler]:
     dimensions = dimensions_of(model)
 
@@ -56,8 +65,9 @@ def make_handler(model: str) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
-        def _stream(self, text: str) -> None:
-            """Server-sent events, one word a chunk with a pause between, then [DONE] (chunked)."""
+        def _stream(self, text: str, prompt_tokens: int, include_usage: bool) -> None:
+            """Server-sent events, one word a chunk with a pause between, then [DONE] (chunked). With
+            ``stream_options.include_usage``, as OpenAI: a last chunk with ``usage`` and no choices."""
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")
@@ -82,7 +92,18 @@ def make_handler(model: str) -> type[BaseHTTPRequestHandler]:
                 "model": model,
                 "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
             }
-            self._chunk(f"data: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode())
+            self._chunk(f"data: {json.dumps(final)}\n\n".encode())
+            if include_usage:
+                usage = {
+                    "id": f"chatcmpl-{created}",
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": _usage(prompt_tokens, len(words)),
+                }
+                self._chunk(f"data: {json.dumps(usage)}\n\n".encode())
+            self._chunk(b"data: [DONE]\n\n")
             self._chunk(b"")
 
         def _chunk(self, data: bytes) -> None:
@@ -128,7 +149,12 @@ def make_handler(model: str) -> type[BaseHTTPRequestHandler]:
                 )
             elif self.path == "/v1/chat/completions" and request.get("stream"):
                 messages = request.get("messages") or [{"content": ""}]
-                self._stream(f"echo: {messages[-1].get('content', '')}")
+                options = request.get("stream_options") or {}
+                self._stream(
+                    f"echo: {messages[-1].get('content', '')}",
+                    _words(messages),
+                    bool(options.get("include_usage")),
+                )
             elif self.path == "/v1/chat/completions":
                 messages = request.get("messages") or [{"content": ""}]
                 text = str(messages[-1].get("content", ""))
@@ -145,6 +171,7 @@ def make_handler(model: str) -> type[BaseHTTPRequestHandler]:
                                 "message": {"role": "assistant", "content": f"echo: {text}"},
                             }
                         ],
+                        "usage": _usage(_words(messages), len(f"echo: {text}".split(" "))),
                     },
                 )
             else:

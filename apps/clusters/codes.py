@@ -12,3 +12,6 @@ ENDPOINT_NOT_SERVED = "ENDPOINT_NOT_SERVED"
 
 # Alert: a capability with routing tiers but no running backend (critical); cleared when one runs.
 ALERT_CAPABILITY_UNSERVED = "CAPABILITY_UNSERVED"
+# A client credential's limits (apps/gateway/limits.py): 429 with Retry-After.
+RATE_LIMITED = "RATE_LIMITED"  # requests or tokens per minute, or concurrent requests
+BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED"  # its token budget for the day or the month (UTC)

@@ -128,9 +128,11 @@ class ClientCredentialManager(models.Manager["ClientCredential"]):
         project: str = "",
         expires_at: datetime | None = None,
         created_by: Any = None,
+        limits: dict[str, int | None] | None = None,
     ) -> tuple[ClientCredential, str]:
         plain = CREDENTIAL_PREFIX + secrets.token_urlsafe(32)
         credential = self.create(
+            **(limits or {}),
             name=name,
             display_prefix=plain[:12],
             secret_hash=digest(plain),
@@ -156,6 +158,16 @@ class ClientCredential(models.Model):
     )
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Limits (apps/gateway/limits.py), held across every gateway process; empty: none.
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveBigIntegerField(null=True, blank=True)
+    max_concurrent = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Requests in flight at once."
+    )
+    tokens_per_day = models.PositiveBigIntegerField(null=True, blank=True, help_text="A budget per UTC day.")
+    tokens_per_month = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="A budget per UTC month."
+    )
 
     objects = ClientCredentialManager()
 

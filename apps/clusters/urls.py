@@ -17,5 +17,7 @@ urlpatterns = [
     path("tiers/create", views.tier_create, name="tier-create"),
     path("tiers/<int:pk>/remove", views.tier_remove, name="tier-remove"),
     path("credentials/mint", views.credential_mint, name="credential-mint"),
+    path("credentials/<int:pk>/", views.credential_detail, name="credential-detail"),
+    path("credentials/<int:pk>/limits", views.credential_limits, name="credential-limits"),
     path("credentials/<int:pk>/revoke", views.credential_revoke, name="credential-revoke"),
 ]

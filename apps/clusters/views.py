@@ -86,6 +86,59 @@ def credential_mint(request: HttpRequest) -> HttpResponse:
 
 
 @staff_required
+def credential_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """A credential: its limits (a form through the API's serializer) and what it uses now."""
+    from apps.clusters.api.serializers import LIMIT_FIELDS
+    from apps.gateway.limits import current_use
+
+    credential = get_object_or_404(ClientCredential, pk=pk)
+    use = current_use(str(credential.pk))
+    labels = {
+        "requests_per_minute": ("Requests per minute", "requests_last_minute", "in the last 60 s"),
+        "tokens_per_minute": ("Tokens per minute", "tokens_this_minute", "this minute"),
+        "max_concurrent": ("Concurrent requests", "in_flight", "in flight"),
+        "tokens_per_day": ("Tokens per day (UTC)", "tokens_today", "today"),
+        "tokens_per_month": ("Tokens per month (UTC)", "tokens_this_month", "this month"),
+    }
+    limits = [
+        {
+            "field": f,
+            "label": labels[f][0],
+            "limit": getattr(credential, f),
+            "used": use[labels[f][1]],
+            "when": labels[f][2],
+        }
+        for f in LIMIT_FIELDS
+    ]
+    context = {
+        "credential": credential,
+        "limits": limits,
+        "enforced": use["limits_enforced"],
+        "active_nav": "clusters",
+    }
+    return render(request, "clusters/credential_detail.html", context)
+
+
+@staff_required
+@require_POST
+def credential_limits(request: HttpRequest, pk: int) -> HttpResponse:
+    """Set the credential's limits: the same validation as ``POST /api/v1/client-credentials/{id}/limits``."""
+    from apps.clusters.api.serializers import LIMIT_FIELDS, LimitsSerializer
+
+    credential = get_object_or_404(ClientCredential, pk=pk)
+    data = {f: (request.POST.get(f, "").strip() or None) for f in LIMIT_FIELDS}
+    serializer = LimitsSerializer(credential, data=data)
+    if not serializer.is_valid():
+        messages.error(request, f"VALIDATION_ERROR: {describe_validation(serializer.errors)}")
+    else:
+        serializer.save()
+        messages.success(
+            request, f"Limits of {credential.name} saved; every gateway applies them within a second."
+        )
+    return redirect("clusters:credential-detail", pk=pk)
+
+
+@staff_required
 @require_POST
 def credential_revoke(request: HttpRequest, pk: int) -> HttpResponse:
     credential = get_object_or_404(ClientCredential, pk=pk)

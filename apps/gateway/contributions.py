@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily
+import redis
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from modelforge import metrics
@@ -42,5 +43,65 @@ class LoadBalancerCollector(Collector):
         yield failures
 
 
+class ServingCollector(Collector):
+    """Requests, errors, limit refusals, tokens, and histograms of time to first token and total time per
+    capability and backend, totalled in Redis by every gateway process's flush (apps/gateway/usage.py)."""
+
+    def collect(self) -> Iterator[Any]:
+        from apps.gateway.usage import BUCKETS, SEP, TOTALS, TOTALS_KEY
+
+        try:
+            raw = _redis().hgetall(TOTALS_KEY)
+        except (redis.RedisError, OSError):
+            return  # modelforge_lb_redis_reachable says why
+        counters = {
+            name: CounterMetricFamily(
+                f"modelforge_gateway_{name}", help_text, labels=["capability", "backend"]
+            )
+            for name, help_text in (
+                ("requests", "Authorised calls through the gateway."),
+                ("errors", "Authorised calls answered 400 or more (limit refusals included)."),
+                ("limited", "Calls refused by a credential's limits (429)."),
+                ("prompt_tokens", "Prompt tokens, as the engines count them."),
+                ("completion_tokens", "Completion tokens, as the engines count them."),
+            )
+        }
+        histograms: dict[str, dict[tuple[str, str], dict[str, int]]] = {"ttft": {}, "latency": {}}
+        for key, value in raw.items():
+            field = key.decode() if isinstance(key, bytes) else key
+            parts = field.split(SEP)
+            if len(parts) != 3:
+                continue
+            capability, backend, metric = parts
+            if metric in TOTALS:
+                counters[metric].add_metric([capability, backend], int(value))
+                continue
+            kind = metric.split("_", 1)[0]
+            if kind in histograms:
+                histograms[kind].setdefault((capability, backend), {})[metric.split("_", 1)[1]] = int(value)
+        yield from counters.values()
+        for kind, help_text in (
+            ("ttft", "Time to first token of streamed answers, seconds."),
+            ("latency", "Total time of authorised calls, seconds."),
+        ):
+            family = HistogramMetricFamily(
+                f"modelforge_gateway_{kind}_seconds", help_text, labels=["capability", "backend"]
+            )
+            for (capability, backend), found in histograms[kind].items():
+                running, buckets = 0, []
+                for bound in (*BUCKETS, "inf"):
+                    running += found.get(f"le_{bound}", 0)
+                    buckets.append(("+Inf" if bound == "inf" else str(bound), running))
+                family.add_metric([capability, backend], buckets, found.get("sum_us", 0) / 1e6)
+            yield family
+
+
+def _redis() -> redis.Redis:
+    from django.conf import settings
+
+    return redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=0.5, socket_timeout=1)
+
+
 def register() -> None:
     metrics.register(LoadBalancerCollector())
+    metrics.register(ServingCollector())

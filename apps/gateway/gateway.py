@@ -21,9 +21,11 @@ import msgspec
 
 from apps.clusters import codes
 from apps.gateway.lbstate import shared
-from apps.gateway.routing import NOT_KNOWN, Backend, Table, authorize, not_bound_for, router
+from apps.gateway.limits import LimitReached, limiter
+from apps.gateway.routing import NOT_KNOWN, Backend, Grant, Table, authorize, not_bound_for, router
 from apps.gateway.shapes import ShapeError, TooDeep, checked
 from apps.gateway.upstream import ConnectFailed, Upstream, UpstreamError, UpstreamTimeout
+from apps.gateway.usage import asking_for_usage, usage_event, usage_in
 from modelforge.errors import codes as error_codes
 from modelforge.jsonbounds import TOO_DEEP_MESSAGE, nul_message, scan_json
 from modelforge.lean import (
@@ -83,14 +85,29 @@ class Gateway:
         headers = request_headers(scope, _WANTED_HEADERS)
         correlation_id = correlate(headers)
         status = 500
+        call = Call(started)
         try:
-            status = await self._serve(scope, receive, send, headers, correlation_id)
+            status = await self._serve(scope, receive, send, headers, correlation_id, call)
         except Refusal as exc:
             status = exc.status
             await refuse(send, exc.status, exc.code, exc.message, correlation_id, exc.headers)
         except Exception:
             logger.exception("gateway request failed")
             await internal_error(send, correlation_id)
+        if call.slot is not None:  # a concurrency slot: given back once the answer has ended
+            await limiter.release(call.grant.id, call.slot)  # type: ignore[union-attr]
+        if call.grant is not None:  # an authorised call: its usage counts (a few increments, no I/O)
+            shared.usage.record(
+                call.grant.id,
+                call.grant.project,
+                call.capability,
+                call.backend,
+                status,
+                call.usage,
+                call.first_byte_at - started if call.streamed and call.first_byte_at else None,
+                time.monotonic() - started,
+                call.limited,
+            )
         if status >= 400 or logger.isEnabledFor(logging.DEBUG):
             log_access(logger, logging.INFO, scope["method"], scope["path"], status, started)
 
@@ -101,6 +118,7 @@ class Gateway:
         send: Send,
         headers: dict[str, str],
         correlation_id: str,
+        call: Call,
     ) -> int:
         path, method = scope["path"], scope["method"]
         table = router.current() or await router.table()
@@ -142,7 +160,7 @@ class Gateway:
         if too_deep:
             raise Refusal(400, error_codes.JSON_TOO_DEEP, TOO_DEEP_MESSAGE)
         try:
-            capability = checked(path, body).model
+            shape = checked(path, body)
         except ShapeError as exc:
             raise Refusal(400, error_codes.VALIDATION_ERROR, str(exc)) from None
         except TooDeep:
@@ -151,6 +169,7 @@ class Gateway:
             raise Refusal(400, error_codes.MALFORMED_REQUEST, "The body is not valid JSON.") from None
         if nul:
             raise Refusal(400, error_codes.VALIDATION_ERROR, nul_message(body))
+        capability = shape.model
         grant, why = authorize(table, presented, capability)
         if grant is None and why == NOT_KNOWN:
             # Minted a moment ago, its change notice still on the way: check the version before refusing.
@@ -158,6 +177,19 @@ class Gateway:
             grant, why = authorize(table, presented, capability)
         if grant is None:
             raise Refusal(401, codes.CAPABILITY_NOT_AUTHORIZED, why, UNAUTHORIZED_HEADERS)
+        call.grant, call.capability = grant, capability
+        if grant.limits is not None:  # one Redis round trip, for a credential with limits only
+            try:
+                call.slot = await limiter.admit(grant.id, grant.limits)
+            except LimitReached as exc:
+                call.limited = True
+                raise Refusal(429, exc.code, exc.message, {"retry-after": str(exc.retry_after_s)}) from None
+        if getattr(shape, "stream", None):
+            call.streamed = True
+            if shape.stream_options is None:  # type: ignore[union-attr]
+                # Tokens are counted from the engine's usage, which a stream reports only when asked: ask,
+                # and take the usage chunk out of what this client, who did not ask, receives.
+                body, call.strip_usage = asking_for_usage(body), True
         backends, algorithm, _cluster = router.candidates_in(table, capability, grant.project)
         if not backends:
             # A server that started running a moment ago, a tier bound a moment ago: as for the credential.
@@ -187,9 +219,10 @@ class Gateway:
             if backend is None:
                 break
             tried.add(backend.key)
+            call.backend = backend.name
             try:
                 status = await self._forward(
-                    backend, path, body, send, correlation_id, capability, table.spaces.get(capability)
+                    backend, path, body, send, correlation_id, call, table.spaces.get(capability)
                 )
             except ConnectFailed as exc:
                 # Nothing reached the backend: count it, and try another once.
@@ -261,7 +294,7 @@ class Gateway:
         body: bytes,
         send: Send,
         correlation_id: str,
-        capability: str,
+        call: Call,
         space: str | None = None,
     ) -> int:
         """Proxy one request. A backend error becomes the envelope (the backend's message kept); a
@@ -279,7 +312,7 @@ class Gateway:
             if response.status >= 400:
                 text = (await response.read()).decode(errors="replace")
                 raise BackendAnswered(response.status, _backend_message(text))
-            named = json.dumps(capability).encode()
+            named = json.dumps(call.capability).encode()
             content_type = response.content_type()
             headers = [
                 (b"content-type", content_type),
@@ -296,6 +329,7 @@ class Gateway:
                 # The whole answer came with its head (the usual case for embeddings and non-streamed
                 # chat): one body message, so the server writes it at once with a Content-Length.
                 body_out = renamed(response.take_available(), named)
+                call.usage = usage_in(body_out)
                 headers.append((b"content-length", str(len(body_out)).encode()))
                 await send({"type": "http.response.start", "status": response.status, "headers": headers})
                 started = True
@@ -303,15 +337,23 @@ class Gateway:
                 return response.status
             await send({"type": "http.response.start", "status": response.status, "headers": headers})
             started = True
-            events = EventRenamer(named) if content_type.startswith(b"text/event-stream") else None
+            events = (
+                EventRenamer(named, call.strip_usage)
+                if content_type.startswith(b"text/event-stream")
+                else None
+            )
             async for chunk in response.chunks():
                 if events is not None:
                     chunk = events.feed(chunk)
                     if not chunk:
                         continue
+                if call.first_byte_at == 0.0:
+                    call.first_byte_at = time.monotonic()
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            if events is not None and (rest := events.rest()):
-                await send({"type": "http.response.body", "body": rest, "more_body": True})
+            if events is not None:
+                if rest := events.rest():
+                    await send({"type": "http.response.body", "body": rest, "more_body": True})
+                call.usage = events.usage
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return response.status
         except UpstreamError as exc:
@@ -351,12 +393,44 @@ def renamed(body: bytes, named: bytes) -> bytes:
     return _MODEL_FIELD.sub(b'"model":' + named.replace(b"\\", b"\\\\"), body)
 
 
+class Call:
+    """One request's account, for usage: filled in as the request goes."""
+
+    __slots__ = (
+        "backend",
+        "capability",
+        "first_byte_at",
+        "grant",
+        "limited",
+        "slot",
+        "started",
+        "streamed",
+        "strip_usage",
+        "usage",
+    )
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.grant: Grant | None = None
+        self.capability = ""
+        self.backend = ""  # the backend's name; empty when none was reached
+        self.streamed = False
+        self.strip_usage = False
+        self.usage: tuple[int, int] | None = None
+        self.first_byte_at = 0.0
+        self.slot: str | None = None  # a concurrency slot to give back
+        self.limited = False  # refused by the credential's limits
+
+
 class EventRenamer:
     """``renamed`` over a server-sent event stream, a whole line at a time: a line cut between two reads is
-    held until its end arrives (a client can use no part of a line before its end anyway)."""
+    held until its end arrives (a client can use no part of a line before its end anyway). The engine's
+    usage is read on the way, and its usage-only chunk dropped when ``strip_usage`` (the client did not
+    ask for it)."""
 
-    def __init__(self, named: bytes) -> None:
-        self.named, self.held = named, b""
+    def __init__(self, named: bytes, strip_usage: bool = False) -> None:
+        self.named, self.held, self.strip_usage = named, b"", strip_usage
+        self.usage: tuple[int, int] | None = None
 
     def feed(self, chunk: bytes) -> bytes:
         data = self.held + chunk if self.held else chunk
@@ -367,11 +441,28 @@ class EventRenamer:
         if end == 0:
             end = len(data)
         self.held = data[end:]
-        return renamed(data[:end], self.named)
+        return self._pass(data[:end])
 
     def rest(self) -> bytes:
         rest, self.held = self.held, b""
-        return renamed(rest, self.named)
+        return self._pass(rest)
+
+    def _pass(self, lines: bytes) -> bytes:
+        if b'"usage"' in lines:
+            lines = self._take_usage(lines)
+        return renamed(lines, self.named)
+
+    def _take_usage(self, lines: bytes) -> bytes:
+        kept = []
+        for line in lines.splitlines(keepends=True):
+            if b'"usage"' in line:
+                usage, usage_only = usage_event(line)
+                if usage is not None:
+                    self.usage = usage
+                    if usage_only and self.strip_usage:
+                        continue
+            kept.append(line)
+        return b"".join(kept)
 
 
 class BackendAnswered(Exception):

@@ -53,6 +53,7 @@ from apps.clusters.models import (
     digest,
 )
 from apps.embedding_migrations.models import EmbeddingSpace
+from apps.gateway.limits import Limits
 from apps.servers.models import ModelServer
 
 logger = logging.getLogger("modelforge.gateway")
@@ -83,6 +84,8 @@ class Grant:
     project: str
     expires_at: datetime | None
     revoked: bool
+    id: str = ""  # the credential's id, for usage and limits
+    limits: Limits | None = None  # None: no limit, and no Redis round trip
 
 
 @dataclass
@@ -104,7 +107,13 @@ def build_table() -> Table:
     """Read everything routing needs, in a handful of queries."""
     grants = {
         c.secret_hash: Grant(
-            c.secret_hash, frozenset(c.scopes), c.project, c.expires_at, c.revoked_at is not None
+            c.secret_hash,
+            frozenset(c.scopes),
+            c.project,
+            c.expires_at,
+            c.revoked_at is not None,
+            str(c.pk),
+            _limits(c),
         )
         for c in ClientCredential.objects.all()
     }
@@ -118,6 +127,17 @@ def build_table() -> Table:
             spaces.pop(name, None)
     created = {name: int(at.timestamp()) for name, at in Capability.objects.values_list("name", "created_at")}
     return Table(grants, bindings, spaces, created)
+
+
+def _limits(credential: ClientCredential) -> Limits | None:
+    limits = Limits(
+        credential.requests_per_minute,
+        credential.tokens_per_minute,
+        credential.max_concurrent,
+        credential.tokens_per_day,
+        credential.tokens_per_month,
+    )
+    return limits if limits.any() else None
 
 
 class Router:

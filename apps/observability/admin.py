@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from apps.observability.models import HostSample, TelemetrySample, TrafficSample
+from apps.observability.models import HostSample, TelemetrySample, TrafficSample, UsageSample
 
 
 @admin.register(TelemetrySample)
@@ -34,6 +34,17 @@ class HostSampleAdmin(admin.ModelAdmin):
     list_display = ("node_name", "at", "memory_total_bytes", "memory_available_bytes", "load_1m", "cpu_count")
     list_filter = ("node_name",)
     readonly_fields = [f.name for f in HostSample._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(UsageSample)
+class UsageSampleAdmin(admin.ModelAdmin):
+    list_display = ("minute", "credential", "project", "capability", "backend", "requests", "errors")
+    list_filter = ("capability",)
+    search_fields = ("credential", "project", "capability", "backend")
+    readonly_fields = [f.name for f in UsageSample._meta.fields]
 
     def has_add_permission(self, request):
         return False

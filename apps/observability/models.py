@@ -77,3 +77,42 @@ class HostSample(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_name} host at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class UsageSample(models.Model):
+    """What one credential used of one capability through one backend in one minute, rolled up from the
+    gateway's shared counters (apps/gateway/usage.py). No foreign key: the credential lives in the
+    authoritative database, which may be another server; its id and project are copied."""
+
+    minute = models.DateTimeField()
+    credential = models.CharField(max_length=64, help_text="The client credential's id.")
+    project = models.CharField(max_length=63, blank=True)
+    capability = models.CharField(max_length=80)
+    backend = models.CharField(
+        max_length=200, blank=True, help_text="The backend's name; empty when none was reached."
+    )
+    requests = models.PositiveIntegerField(default=0)
+    errors = models.PositiveIntegerField(default=0)
+    unmetered = models.PositiveIntegerField(
+        default=0, help_text="Answers whose engine reported no token usage (counted, never guessed)."
+    )
+    prompt_tokens = models.BigIntegerField(default=0)
+    completion_tokens = models.BigIntegerField(default=0)
+    ttft_ms = models.BigIntegerField(default=0, help_text="Sum of streamed answers' times to first token.")
+    ttft_count = models.PositiveIntegerField(default=0, help_text="Streamed answers timed.")
+    latency_ms = models.BigIntegerField(default=0, help_text="Sum of the answers' total times.")
+
+    class Meta:
+        ordering = ["-minute", "credential", "capability", "backend"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["minute", "credential", "capability", "backend"], name="observ_usage_one_per_minute"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["minute"], name="observ_usage_minute"),
+            models.Index(fields=["credential", "minute"], name="observ_usage_credential"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.credential} {self.capability} at {self.minute:%Y-%m-%d %H:%M}: {self.requests}"

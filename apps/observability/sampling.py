@@ -24,7 +24,7 @@ from apps.alerts.choices import Severity
 from apps.alerts.models import Alert
 from apps.nodes.models import GPU, Node
 from apps.observability.codes import OBSERVABILITY_DEGRADED
-from apps.observability.models import HostSample, TelemetrySample, TrafficSample
+from apps.observability.models import HostSample, TelemetrySample, TrafficSample, UsageSample
 from modelforge.dbrouter import OBSERVABILITY
 
 logger = logging.getLogger("apps.observability")
@@ -66,17 +66,20 @@ def sample(now: datetime | None = None) -> dict[str, int]:
         TelemetrySample.objects.bulk_create(rows, batch_size=5000)
         HostSample.objects.bulk_create(hosts, batch_size=5000)
         traffic_rows = roll_up_traffic()
+        usage_rows = roll_up_usage()
+        UsageSample.objects.filter(minute__lt=now - timedelta(days=settings.USAGE_RETENTION_DAYS)).delete()
         expired, _ = TelemetrySample.objects.filter(at__lt=cutoff).delete()
         expired_hosts, _ = HostSample.objects.filter(at__lt=cutoff).delete()
         expired_traffic, _ = TrafficSample.objects.filter(minute__lt=cutoff).delete()
     except DatabaseError as exc:
         _degraded(exc, now)
-        return {"sampled": 0, "hosts": 0, "traffic": 0, "expired": 0, "degraded": 1}
+        return {"sampled": 0, "hosts": 0, "traffic": 0, "usage": 0, "expired": 0, "degraded": 1}
     Alert.objects.clear_for([OBSERVABILITY_DEGRADED], _SUBJECT[0], _SUBJECT[1], now)
     return {
         "sampled": len(rows),
         "hosts": len(hosts),
         "traffic": traffic_rows or 0,
+        "usage": usage_rows or 0,
         "expired": expired + expired_hosts + expired_traffic,
         "degraded": 0,
     }
@@ -134,6 +137,83 @@ def roll_up_traffic() -> int | None:
     ]
     # Several runs see the same minute: the first one's row stays (the minute was complete then).
     return len(TrafficSample.objects.bulk_create(rows, ignore_conflicts=True))
+
+
+# A minute is rolled up this long after it ends: a flush that began in it has landed by then.
+USAGE_SETTLE_S = 5
+
+
+def roll_up_usage(now: float | None = None) -> int | None:
+    """Copy the gateway's usage counters (apps/gateway/usage.py) of every complete minute not copied yet
+    into ``UsageSample`` rows; returns the rows written, ``None`` when Redis could not be read. Raises
+    ``DatabaseError`` when the monitoring store fails: the minutes stay in Redis (a day) for the next run.
+
+    Idempotent: a minute's rows are written with its whole counts (an upsert, not an addition), and the
+    mark of the last minute copied moves only after they are committed; a run that dies in between
+    writes the same rows again."""
+    import time
+
+    import redis
+
+    from apps.gateway.usage import USAGE_KEEP_S, USAGE_KEY, USAGE_ROLLED_KEY, split_field
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=0.5, socket_timeout=2)
+    last = int(((now or time.time()) - USAGE_SETTLE_S) // 60) - 1  # the last complete minute
+    try:
+        mark = client.get(USAGE_ROLLED_KEY)
+        first = max(int(mark) + 1 if mark else last - ROLL_UP_MINUTES, last - USAGE_KEEP_S // 60 + 1)
+        if first > last:
+            return 0
+        pipe = client.pipeline(transaction=False)
+        for bucket in range(first, last + 1):
+            pipe.hgetall(USAGE_KEY.format(bucket=bucket))
+        minutes = pipe.execute()
+    except (redis.RedisError, OSError) as exc:
+        logger.warning("usage not rolled up: Redis unavailable (%s)", exc)
+        return None
+    rows: dict[tuple[int, str, str, str], UsageSample] = {}
+    for bucket, counts in zip(range(first, last + 1), minutes, strict=True):
+        for raw, value in counts.items():
+            parts = split_field(raw.decode() if isinstance(raw, bytes) else raw)
+            if parts is None:
+                continue
+            credential, project, capability, backend, metric = parts
+            row = rows.get((bucket, credential, capability, backend))
+            if row is None:
+                row = rows[(bucket, credential, capability, backend)] = UsageSample(
+                    minute=datetime.fromtimestamp(bucket * 60, tz=UTC),
+                    credential=credential,
+                    project=project,
+                    capability=capability,
+                    backend=backend,
+                )
+            setattr(row, metric, int(value))
+    if rows:
+        UsageSample.objects.bulk_create(
+            list(rows.values()),
+            batch_size=2000,
+            update_conflicts=True,
+            unique_fields=["minute", "credential", "capability", "backend"],
+            update_fields=[
+                "project",
+                "requests",
+                "errors",
+                "unmetered",
+                "prompt_tokens",
+                "completion_tokens",
+                "ttft_ms",
+                "ttft_count",
+                "latency_ms",
+            ],
+        )
+    with contextlib.suppress(redis.RedisError, OSError):
+        client.set(USAGE_ROLLED_KEY, last)
+    return len(rows)
+
+
+def usage(since: datetime) -> Any:
+    """Usage rows since ``since`` (a queryset to aggregate); ``ObservabilityUnavailable`` on failure."""
+    return UsageSample.objects.filter(minute__gte=since)
 
 
 def traffic(since: datetime, backend: str | None = None) -> list[TrafficSample]:

@@ -6,4 +6,5 @@ app_name = "observability"
 urlpatterns = [
     path("nodes/<uuid:pk>/", views.node_telemetry, name="node-telemetry"),
     path("traffic/", views.traffic, name="traffic"),
+    path("usage/", views.usage_page, name="usage"),
 ]

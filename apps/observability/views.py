@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import timedelta
+from typing import Any
 
 from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse
@@ -148,3 +149,76 @@ def traffic(request: HttpRequest) -> HttpResponse:
         "active_nav": "clusters",
     }
     return render(request, "observability/traffic.html", context)
+
+
+USAGE_WINDOWS = {
+    "1": ("hour", "the last 24 hours, per hour"),
+    "7": ("day", "the last 7 days, per day"),
+    "30": ("day", "the last 30 days, per day"),
+    "0": ("minute", "the last hour, per minute"),
+}
+
+
+@staff_member_required(login_url="dashboard:login")
+def usage_page(request: HttpRequest) -> HttpResponse:
+    """Usage per credential and capability: totals over a window, and tokens over time as a chart."""
+    from apps.observability.usage import usage_rows
+
+    window = request.GET.get("window", "1")
+    if window not in USAGE_WINDOWS:
+        window = "1"
+    granularity, described = USAGE_WINDOWS[window]
+    since = timezone.now() - (timedelta(hours=1) if window == "0" else timedelta(days=int(window)))
+    error = ""
+    rows: list[dict[str, Any]] = []
+    try:
+        rows = usage_rows(since, granularity=granularity, group_by=("credential", "capability"))
+    except sampling.ObservabilityUnavailable as exc:
+        error = str(exc)
+    totals: dict[tuple[str, str], dict[str, Any]] = {}
+    per_period: dict = defaultdict(lambda: [0, 0])
+    for row in rows:
+        key = (row["credential"], row["capability"])
+        total = totals.setdefault(
+            key,
+            {
+                "credential": row["credential"],
+                "credential_name": row["credential_name"] or "(deleted credential)",
+                "capability": row["capability"],
+                "requests": 0,
+                "errors": 0,
+                "unmetered": 0,
+                "prompt_tokens": 0,
+                "completion_tokens": 0,
+            },
+        )
+        for name in ("requests", "errors", "unmetered", "prompt_tokens", "completion_tokens"):
+            total[name] += row[name]
+        per_period[row["period"]][0] += row["prompt_tokens"]
+        per_period[row["period"]][1] += row["completion_tokens"]
+    times = sorted(per_period)
+    tokens_chart = (
+        chart(
+            "usage-tokens",
+            f"Tokens, {described}",
+            times,
+            [
+                Series("prompt", MANAGED, [per_period[t][0] for t in times]),
+                Series("completion", EXTERNAL, [per_period[t][1] for t in times]),
+            ],
+            stacked=True,
+        )
+        if len(times) > 1
+        else ""
+    )
+    ranked = sorted(totals.values(), key=lambda t: -(t["prompt_tokens"] + t["completion_tokens"]))
+    context: dict[str, Any] = {
+        "totals": ranked,
+        "chart": tokens_chart,
+        "error": error,
+        "window": window,
+        "windows": [(key, text) for key, (_, text) in USAGE_WINDOWS.items()],
+        "described": described,
+        "active_nav": "clusters",
+    }
+    return render(request, "observability/usage.html", context)

@@ -130,6 +130,12 @@ def main() -> int:
         metavar="PATH",
         help="sample the gateway worker with py-spy during the first gateway row (collapsed stacks to PATH)",
     )
+    parser.add_argument(
+        "--limits",
+        action="store_true",
+        help="add a row per workload for a credential with limits (set high: every call runs the limit "
+        "script, none is refused), in the same run as the rows without",
+    )
     args = parser.parse_args()
     conns = [int(c) for c in args.conns.split(",")]
     workloads = args.workloads.split(",")
@@ -140,6 +146,17 @@ def main() -> int:
         backend_port, gateway_port = free_port(), free_port()
         route_to_one_backend("127.0.0.1", backend_port)
         _, key = ClientCredential.objects.mint(name="bench", scopes=["rag.embedding@1", "chat.general@1"])
+        _, limited_key = ClientCredential.objects.mint(
+            name="bench-limited",
+            scopes=["rag.embedding@1", "chat.general@1"],
+            limits={
+                "requests_per_minute": 10**9,
+                "tokens_per_minute": 10**15,
+                "max_concurrent": 10**6,
+                "tokens_per_day": 10**15,
+                "tokens_per_month": 10**15,
+            },
+        )
         try:
             backend = subprocess.Popen(
                 [
@@ -172,12 +189,17 @@ def main() -> int:
             direct, through = f"http://127.0.0.1:{backend_port}", f"http://127.0.0.1:{gateway_port}"
             path, body = BODIES["embeddings"]
             wrk(through + path, body, key, 8, 2)  # warm-up: pools, routing table, prepared state
+            if args.limits:
+                wrk(through + path, body, limited_key, 8, 1)
             rows = []
             for workload in workloads:
                 path, body = BODIES[workload]
                 for n in conns:
                     result = {}
-                    for target, base, auth in (("direct", direct, ""), ("gateway", through, key)):
+                    targets = [("direct", direct, ""), ("gateway", through, key)]
+                    if args.limits:
+                        targets.append(("gateway+limits", through, limited_key))
+                    for target, base, auth in targets:
                         before = cpu_seconds(group_pids(gateway.pid))
                         sampler = None
                         if args.profile and target == "gateway" and not rows:
@@ -193,23 +215,24 @@ def main() -> int:
                             sampler.wait(30)
                         used = cpu_seconds(group_pids(gateway.pid)) - before
                         result[target] = (measured, used)
-                    d, (g, g_cpu) = result["direct"][0], result["gateway"]
+                    d = result["direct"][0]
                     rps_d = d["requests"] / d["seconds"]
-                    rps_g = g["requests"] / g["seconds"]
-                    rows.append(
-                        (
-                            workload,
-                            n,
-                            rps_d,
-                            rps_g,
-                            d["p50_us"],
-                            g["p50_us"],
-                            d["p99_us"],
-                            g["p99_us"],
-                            g_cpu / max(g["requests"], 1) * 1e6,
-                            d["errors"] + g["errors"],
+                    for target in [t for t, _, _ in targets if t != "direct"]:
+                        g, g_cpu = result[target]
+                        rows.append(
+                            (
+                                workload if target == "gateway" else f"{workload} (limits)",
+                                n,
+                                rps_d,
+                                g["requests"] / g["seconds"],
+                                d["p50_us"],
+                                g["p50_us"],
+                                d["p99_us"],
+                                g["p99_us"],
+                                g_cpu / max(g["requests"], 1) * 1e6,
+                                d["errors"] + g["errors"],
+                            )
                         )
-                    )
             print(
                 "| workload | conns | direct rps | gateway rps | direct p50 | gateway p50 | added p50 | "
                 "gateway p99 | gateway CPU/req | errors |"

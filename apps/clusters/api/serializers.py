@@ -131,6 +131,34 @@ class RoutingTierSerializer(PrintableText, serializers.ModelSerializer):
         return attrs
 
 
+# A client credential's limits (apps/gateway/limits.py); null: none.
+LIMIT_FIELDS = (
+    "requests_per_minute",
+    "tokens_per_minute",
+    "max_concurrent",
+    "tokens_per_day",
+    "tokens_per_month",
+)
+
+
+class LimitsSerializer(serializers.ModelSerializer):
+    """``POST /client-credentials/{id}/limits``: every limit, each a whole number from 1 or null (none)."""
+
+    class Meta:
+        model = ClientCredential
+        fields = list(LIMIT_FIELDS)
+        extra_kwargs = {f: {"min_value": 1, "required": True, "allow_null": True} for f in LIMIT_FIELDS}
+
+
+class CredentialUseSerializer(serializers.Serializer):
+    requests_last_minute = serializers.IntegerField()
+    in_flight = serializers.IntegerField()
+    tokens_this_minute = serializers.IntegerField()
+    tokens_today = serializers.IntegerField()
+    tokens_this_month = serializers.IntegerField()
+    limits_enforced = serializers.BooleanField(help_text="False while Redis cannot be read.")
+
+
 class ClientCredentialSerializer(PrintableText, serializers.ModelSerializer):
     scopes = serializers.ListField(
         child=serializers.CharField(max_length=80, validators=[exact_capability], trim_whitespace=False),
@@ -150,8 +178,10 @@ class ClientCredentialSerializer(PrintableText, serializers.ModelSerializer):
             "created_at",
             "expires_at",
             "revoked_at",
+            *LIMIT_FIELDS,
         ]
         read_only_fields = ["display_prefix", "created_at", "revoked_at"]
+        extra_kwargs = {f: {"min_value": 1} for f in LIMIT_FIELDS}
 
     def validate_expires_at(self, value: datetime | None) -> datetime | None:
         # Minted already expired, it would be refused at its first use with nothing to say it never worked.
@@ -169,6 +199,7 @@ class ClientCredentialSerializer(PrintableText, serializers.ModelSerializer):
             project=self.validated_data.get("project", ""),
             expires_at=self.validated_data.get("expires_at"),
             created_by=created_by,
+            limits={f: self.validated_data[f] for f in LIMIT_FIELDS if f in self.validated_data},
         )
 
 

@@ -99,6 +99,25 @@ class ClientCredentialViewSet(
         body["credential"] = plain
         return Response(body, status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=s.LimitsSerializer, responses=s.ClientCredentialSerializer)
+    @action(detail=True, methods=["post"])
+    def limits(self, request: Request, pk: Any = None) -> Response:
+        """Set every limit at once (null: none); every gateway process applies them within about a
+        second (the routing table's change notice)."""
+        credential = self.get_object()
+        data = s.LimitsSerializer(credential, data=request.data)
+        data.is_valid(raise_exception=True)
+        data.save()
+        return Response(s.ClientCredentialSerializer(credential).data)
+
+    @extend_schema(request=None, responses=s.CredentialUseSerializer)
+    @action(detail=True, methods=["get"])
+    def use(self, request: Request, pk: Any = None) -> Response:
+        """What the credential uses now, as its limits count it (Redis)."""
+        from apps.gateway.limits import current_use
+
+        return Response(current_use(str(self.get_object().pk)))
+
     @extend_schema(request=None, responses=s.ClientCredentialSerializer)
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, pk: Any = None) -> Response:

@@ -160,6 +160,10 @@ def routed(live_web, backend) -> tuple[str, str]:
     """Chat, completions and embeddings capabilities served by the counting backend; a credential for
     all three (returned with the backend's server key), every route answering."""
     server = running_server(loopback_node(), "counted", backend.port)
+    # The counting backend serves chat, completions and embeddings: a profile no manifest defines keeps
+    # every endpoint (the shipped test profile declares chat and embeddings only).
+    server.profile = "counting-backend"
+    server.save(update_fields=["profile"])
     for capability in ("chat.general@1", "text.general@1", "rag.embedding@1"):
         bind(capability, server=server)
     key = credential(["chat.general@1", "text.general@1", "rag.embedding@1"])

@@ -18,7 +18,7 @@ from apps.nodes.models import GPU, Node
 from apps.nodes.tests.factories import beat, heartbeat_report, make_node
 from apps.observability import sampling
 from apps.observability.models import TelemetrySample
-from tests.fixtures import free_port
+from tests.fixtures import clear_usage, free_port
 
 pytestmark = pytest.mark.django_db(databases=["default", "observability"])
 
@@ -53,6 +53,12 @@ def reporting_node() -> tuple[Node, str]:
     return node, credential
 
 
+@pytest.fixture(autouse=True)
+def no_usage_counted() -> None:
+    """Usage counted by earlier tests' gateway calls is not these tests' (tests/ share one Redis)."""
+    clear_usage()
+
+
 @pytest.fixture
 def broken_observability() -> Iterator[None]:
     """The monitoring store's server gone: its alias points at a port nothing listens on."""
@@ -69,7 +75,14 @@ def broken_observability() -> Iterator[None]:
 def test_samples_copy_every_gpus_current_reading_and_expire(reporting_node, settings):
     node, credential = reporting_node
     settings.TELEMETRY_RETENTION_DAYS = 7
-    assert sampling.sample() == {"sampled": 2, "hosts": 1, "traffic": 0, "expired": 0, "degraded": 0}
+    assert sampling.sample() == {
+        "sampled": 2,
+        "hosts": 1,
+        "traffic": 0,
+        "usage": 0,
+        "expired": 0,
+        "degraded": 0,
+    }
     rows = list(TelemetrySample.objects.filter(node_id=node.pk).order_by("gpu_index"))
     current = {g.index: g for g in GPU.objects.filter(node=node)}
     assert [r.gpu_index for r in rows] == [0, 1] and rows[0].node_name == "gpu-a"
@@ -77,7 +90,14 @@ def test_samples_copy_every_gpus_current_reading_and_expire(reporting_node, sett
     assert rows[1].temperature_c == current[1].temperature_c
     with time_machine.travel(timezone.now() + timedelta(days=8)):
         beat(credential, heartbeat_report(gpus=2))
-        assert sampling.sample() == {"sampled": 2, "hosts": 1, "traffic": 0, "expired": 3, "degraded": 0}
+        assert sampling.sample() == {
+            "sampled": 2,
+            "hosts": 1,
+            "traffic": 0,
+            "usage": 0,
+            "expired": 3,
+            "degraded": 0,
+        }
 
 
 def test_a_node_that_stopped_reporting_is_not_sampled(reporting_node):
@@ -88,7 +108,14 @@ def test_a_node_that_stopped_reporting_is_not_sampled(reporting_node):
 @pytest.mark.django_db(databases=["default", "observability"], transaction=True)
 def test_the_monitoring_store_fails_alone(reporting_node, broken_observability, operator_client, client):
     node, credential = reporting_node
-    assert sampling.sample() == {"sampled": 0, "hosts": 0, "traffic": 0, "expired": 0, "degraded": 1}
+    assert sampling.sample() == {
+        "sampled": 0,
+        "hosts": 0,
+        "traffic": 0,
+        "usage": 0,
+        "expired": 0,
+        "degraded": 1,
+    }
     alert = Alert.objects.open().get(code="OBSERVABILITY_DEGRADED")
     assert alert.severity == "warning" and "Serving, scheduling and recovery continue" in alert.message
     assert "OperationalError" in alert.message and "refused" in alert.message  # the dead port, nothing else

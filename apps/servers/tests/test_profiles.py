@@ -202,4 +202,5 @@ ready_check = "{check}"
     found = {p.where.split("/")[-1]: p.message for p in problems}
     assert found["wrong.toml: endpoints[1]"] == "'images' is not one of chat, completions, embeddings"
     assert found["empty.toml: endpoints"].startswith("must name at least one of")
-    assert found["unproven.toml: endpoints"] == "must include 'chat': launch.ready_check proves the model with it"
+    proven = "must include 'chat': launch.ready_check proves the model with it"
+    assert found["unproven.toml: endpoints"] == proven

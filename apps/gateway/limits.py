@@ -1,0 +1,245 @@
+"""Limits per client credential, held across every gateway process through Redis.
+
+A credential may carry requests per minute, tokens per minute, concurrent requests, and a token budget
+per day and per month (UTC). A call of a credential with any limit costs one Redis round trip before it
+is forwarded: one Lua script checks them all and admits the call or names the limit it would break. A
+credential without limits costs nothing.
+
+- **Requests per minute**: a sliding window (a sorted set of the last minute's admissions), so 60 a
+  minute means at most 60 in any 60 seconds, across every process.
+- **Tokens per minute, per day, per month**: the engines' own counts (apps/gateway/usage.py), added by
+  each process's flush once a second to the current minute's, day's and month's totals; a call is
+  admitted while the total is under the limit. Tokens are known only once an answer is complete, so
+  calls already admitted can take a total past its limit; none is admitted after.
+- **Concurrent requests**: a sorted set of the calls in flight, each removed when its answer ends (and
+  forgotten after ``IN_FLIGHT_TTL_S`` if its process died holding it).
+
+A refusal is ``429`` with ``Retry-After``: ``RATE_LIMITED`` for the per-minute and concurrency limits,
+``BUDGET_EXHAUSTED`` for the day and month budgets. With Redis unreachable, limits cannot be checked
+and calls are admitted (logged once per outage): a limit is a control on cost and fairness, and a Redis
+blip must not become an outage of every limited credential.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import redis
+import redis.asyncio as aioredis
+
+from apps.clusters import codes
+
+logger = logging.getLogger("modelforge.gateway")
+
+IN_FLIGHT_TTL_S = 600  # a call's slot is forgotten after this long if its process died holding it
+KEY = "modelforge:limit:{credential}:{what}"
+
+
+@dataclass(frozen=True)
+class Limits:
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    max_concurrent: int | None = None
+    tokens_per_day: int | None = None
+    tokens_per_month: int | None = None
+
+    def any(self) -> bool:
+        return any(
+            v is not None
+            for v in (
+                self.requests_per_minute,
+                self.tokens_per_minute,
+                self.max_concurrent,
+                self.tokens_per_day,
+                self.tokens_per_month,
+            )
+        )
+
+
+# KEYS: requests zset, in-flight zset, tokens this minute, tokens today, tokens this month.
+# ARGV: now (ms), call id, rpm, tpm, concurrent, day, month (-1: no limit), in-flight TTL (ms), seconds to
+# the next minute, day and month.
+# Returns {0} (admitted) or {1 = budget | 2 = rate, retry after (ms), which limit}.
+ADMIT = """
+local now = tonumber(ARGV[1])
+local rpm, tpm, conc = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local day, month = tonumber(ARGV[6]), tonumber(ARGV[7])
+if month >= 0 and tonumber(redis.call('GET', KEYS[5]) or '0') >= month then
+  return {1, tonumber(ARGV[11]) * 1000, 'tokens_per_month'}
+end
+if day >= 0 and tonumber(redis.call('GET', KEYS[4]) or '0') >= day then
+  return {1, tonumber(ARGV[10]) * 1000, 'tokens_per_day'}
+end
+if tpm >= 0 and tonumber(redis.call('GET', KEYS[3]) or '0') >= tpm then
+  return {2, tonumber(ARGV[9]) * 1000, 'tokens_per_minute'}
+end
+if rpm >= 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - 60000)
+  if redis.call('ZCARD', KEYS[1]) >= rpm then
+    local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+    return {2, tonumber(oldest[2]) + 60000 - now, 'requests_per_minute'}
+  end
+end
+if conc >= 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[8]))
+  if redis.call('ZCARD', KEYS[2]) >= conc then
+    return {2, 1000, 'max_concurrent'}
+  end
+  redis.call('ZADD', KEYS[2], now, ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[8]))
+end
+if rpm >= 0 then
+  redis.call('ZADD', KEYS[1], now, ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], 61000)
+end
+return {0}
+"""
+
+MESSAGES = {
+    "requests_per_minute": "The credential's limit of {limit} requests per minute is reached.",
+    "tokens_per_minute": "The credential's limit of {limit} tokens per minute is reached.",
+    "max_concurrent": "The credential's limit of {limit} concurrent requests is reached.",
+    "tokens_per_day": "The credential's budget of {limit} tokens a day (UTC) is used up.",
+    "tokens_per_month": "The credential's budget of {limit} tokens a month (UTC) is used up.",
+}
+
+
+class LimitReached(Exception):
+    def __init__(self, code: str, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.code, self.message, self.retry_after_s = code, message, retry_after_s
+
+
+def keys(credential: str, now: float) -> list[str]:
+    moment = datetime.fromtimestamp(now, tz=UTC)
+    return [
+        KEY.format(credential=credential, what="requests"),
+        KEY.format(credential=credential, what="in-flight"),
+        KEY.format(credential=credential, what=f"tpm:{int(now // 60)}"),
+        KEY.format(credential=credential, what=f"day:{moment:%Y%m%d}"),
+        KEY.format(credential=credential, what=f"month:{moment:%Y%m}"),
+    ]
+
+
+def seconds_to_boundaries(now: float) -> tuple[int, int, int]:
+    """Seconds to the next minute, UTC day and UTC month."""
+    moment = datetime.fromtimestamp(now, tz=UTC)
+    minute = 60 - int(now % 60)
+    day = 86400 - (moment.hour * 3600 + moment.minute * 60 + moment.second)
+    next_month = datetime(moment.year + (moment.month == 12), moment.month % 12 + 1, 1, tzinfo=UTC)
+    return minute, day, max(1, math.ceil(next_month.timestamp() - now))
+
+
+class Limiter:
+    """One per web process: the admission script, and the release of concurrency slots."""
+
+    def __init__(self) -> None:
+        self._client: aioredis.Redis | None = None
+        self._script: object = None
+        self.redis_ok = True
+
+    def client(self) -> aioredis.Redis:
+        if self._client is None:
+            from django.conf import settings
+
+            self._client = aioredis.Redis.from_url(
+                settings.CELERY_BROKER_URL, socket_connect_timeout=0.3, socket_timeout=0.5
+            )
+        return self._client
+
+    async def admit(self, credential: str, limits: Limits) -> str | None:
+        """Admit one call (returns its id, to release) or raise ``LimitReached``."""
+        now = time.time()
+        call = uuid.uuid4().hex
+        minute, day, month = seconds_to_boundaries(now)
+        argv = [
+            int(now * 1000),
+            call,
+            *(
+                -1 if v is None else v
+                for v in (
+                    limits.requests_per_minute,
+                    limits.tokens_per_minute,
+                    limits.max_concurrent,
+                    limits.tokens_per_day,
+                    limits.tokens_per_month,
+                )
+            ),
+            IN_FLIGHT_TTL_S * 1000,
+            minute,
+            day,
+            month,
+        ]
+        try:
+            if self._script is None:
+                self._script = self.client().register_script(ADMIT)
+            answer = await self._script(keys=keys(credential, now), args=argv)  # type: ignore[operator]
+        except (redis.RedisError, OSError) as exc:
+            if self.redis_ok:
+                logger.warning(
+                    "Redis unreachable (%s): credential limits are not enforced until it answers",
+                    type(exc).__name__,
+                )
+            self.redis_ok = False
+            return None
+        if not self.redis_ok:
+            logger.warning("Redis reachable again: credential limits are enforced")
+            self.redis_ok = True
+        if int(answer[0]) == 0:
+            return call if limits.max_concurrent is not None else None
+        which = answer[2].decode() if isinstance(answer[2], bytes) else str(answer[2])
+        limit = getattr(limits, which)
+        code = codes.BUDGET_EXHAUSTED if int(answer[0]) == 1 else codes.RATE_LIMITED
+        raise LimitReached(
+            code, MESSAGES[which].format(limit=limit), max(1, math.ceil(int(answer[1]) / 1000))
+        )
+
+    async def release(self, credential: str, call: str) -> None:
+        with contextlib.suppress(redis.RedisError, OSError):  # else forgotten after IN_FLIGHT_TTL_S
+            await self.client().zrem(KEY.format(credential=credential, what="in-flight"), call)
+
+
+def add_tokens(pipe: object, credential: str, tokens: int, now: float) -> None:
+    """Count ``tokens`` against the credential's minute, day and month (the flush's pipeline)."""
+    for key, ttl in zip(keys(credential, now)[2:], (120, 2 * 86400, 32 * 86400), strict=True):
+        pipe.incrby(key, tokens)  # type: ignore[attr-defined]
+        pipe.expire(key, ttl)  # type: ignore[attr-defined]
+
+
+def current_use(credential: str) -> dict[str, int | bool]:
+    """What ``credential`` uses now as its limits count it; zeros and ``limits_enforced: false`` while
+    Redis cannot be read."""
+    from django.conf import settings
+
+    now = time.time()
+    requests, in_flight, minute, day, month = keys(credential, now)
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=0.3, socket_timeout=0.5)
+    try:
+        pipe = client.pipeline(transaction=False)
+        pipe.zcount(requests, int((now - 60) * 1000), "+inf")
+        pipe.zcount(in_flight, int((now - IN_FLIGHT_TTL_S) * 1000), "+inf")
+        pipe.mget(minute, day, month)
+        recent, flying, tokens = pipe.execute()
+    except (redis.RedisError, OSError):
+        return dict.fromkeys(
+            ("requests_last_minute", "in_flight", "tokens_this_minute", "tokens_today", "tokens_this_month"),
+            0,
+        ) | {"limits_enforced": False}
+    minute_t, day_t, month_t = (int(t or 0) for t in tokens)
+    return {
+        "requests_last_minute": int(recent),
+        "in_flight": int(flying),
+        "tokens_this_minute": minute_t,
+        "tokens_today": day_t,
+        "tokens_this_month": month_t,
+        "limits_enforced": True,
+    }
+
+
+limiter = Limiter()

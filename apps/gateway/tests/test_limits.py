@@ -1,0 +1,187 @@
+"""Limits per client credential (issue 18), held across two gateway processes through Redis: requests
+per minute exactly, a token budget that stops a key, concurrent requests, 429 with Retry-After and a
+named code. Real gunicorn processes on two ports, real backend, Redis and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from django.contrib.auth.models import User
+
+from apps.clusters.models import ClientCredential
+from apps.clusters.tests.factories import bind, credential, echo_backend, loopback_node, running_server
+from apps.gateway.limits import Limiter, Limits
+from tests.fixtures import (
+    PYTHON,
+    LiveWeb,
+    clear_usage,
+    database_url,
+    free_port,
+    http_ok,
+    process_env,
+    start_process,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
+
+
+@pytest.fixture
+def echo(tmp_path):
+    clear_usage()
+    process, port = echo_backend(tmp_path, "echo-l")
+    yield port
+    os.killpg(process.process.pid, signal.SIGTERM)
+    process.process.wait(10)
+
+
+@pytest.fixture
+def second_web(live_web, tmp_path) -> Iterator[LiveWeb]:
+    """Another web process on a port of its own, on the same database and Redis: a second gateway."""
+    port = free_port()
+    env = process_env(
+        MODELFORGE_DATABASE_URL=database_url(),
+        MODELFORGE_BIND=f"127.0.0.1:{port}",
+        MODELFORGE_WEB_WORKERS="1",
+        MODELFORGE_WORKER_MISSING_AFTER="86400",
+        MODELFORGE_BEAT_MISSING_AFTER="86400",
+        MODELFORGE_LISTENING_STAMPS="false",
+    )
+    running = start_process(
+        [PYTHON, "-m", "gunicorn", "-c", "python:modelforge.gunicorn_conf", "modelforge.asgi:application"],
+        env,
+        tmp_path / "second-web.log",
+    )
+    url = f"http://127.0.0.1:{port}"
+    assert wait_until(lambda: http_ok(url + "/healthz"), 60), running.log()
+    yield LiveWeb(url, running)
+    running.stop()
+
+
+def chat(url: str, key: str, text: str = "a b c", **extra: object) -> httpx.Response:
+    return httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": "chat.echo@1", "messages": [{"role": "user", "content": text}], **extra},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=20,
+    )
+
+
+def limited(key: str, operator_client, **limits: int | None) -> None:
+    pk = ClientCredential.objects.get(display_prefix=key[:12]).pk
+    body = {
+        "requests_per_minute": None,
+        "tokens_per_minute": None,
+        "max_concurrent": None,
+        "tokens_per_day": None,
+        "tokens_per_month": None,
+        **limits,
+    }
+    answer = operator_client.post(f"/api/v1/client-credentials/{pk}/limits", body, format="json")
+    assert answer.status_code == 200, answer.content
+
+
+def test_sixty_a_minute_is_sixty_across_two_gateway_processes(live_web, second_web, echo, operator_client):
+    bind("chat.echo@1", server=running_server(loopback_node(), "echo-l", echo))
+    key = credential(["chat.echo@1"])
+    assert chat(live_web.url, key).status_code == 200 and chat(second_web.url, key).status_code == 200
+    limited(key, operator_client, requests_per_minute=60)
+    # Both processes have the limit once their tables are rebuilt (the change notice, within a second).
+    time.sleep(1.5)
+    urls = [live_web.url, second_web.url] * 50
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(lambda url: chat(url, key), urls))
+    statuses = Counter(a.status_code for a in answers)
+    assert statuses == {200: 60, 429: 40}, statuses
+    refused = [a for a in answers if a.status_code == 429]
+    assert {a.json()["code"] for a in refused} == {"RATE_LIMITED"}
+    assert all(1 <= int(a.headers["retry-after"]) <= 60 for a in refused)
+    assert "60 requests per minute" in refused[0].json()["message"]
+    # Each process served some of the 60: the limit is shared, not per process.
+    served = Counter(u for u, a in zip(urls, answers, strict=True) if a.status_code == 200)
+    assert served[live_web.url] > 0 and served[second_web.url] > 0
+    use = operator_client.get(
+        f"/api/v1/client-credentials/{ClientCredential.objects.get(display_prefix=key[:12]).pk}/use"
+    )
+    assert use.json()["requests_last_minute"] == 60 and use.json()["limits_enforced"] is True
+
+
+def test_a_token_budget_stops_a_key_at_the_budget(live_web, echo, operator_client, client):
+    bind("chat.echo@1", server=running_server(loopback_node(), "echo-l", echo))
+    key = credential(["chat.echo@1"])
+    limited(key, operator_client, tokens_per_day=12)
+    pk = ClientCredential.objects.get(display_prefix=key[:12]).pk
+    assert wait_until(lambda: chat(live_web.url, key).status_code == 200, 10)  # 3 + 4 = 7 tokens
+    # The engine's count is added within about a second of the answer.
+    assert wait_until(
+        lambda: operator_client.get(f"/api/v1/client-credentials/{pk}/use").json()["tokens_today"] == 7, 10
+    )
+    assert chat(live_web.url, key).status_code == 200  # 7 < 12: admitted, and takes the day to 14
+    assert wait_until(lambda: chat(live_web.url, key).status_code == 429, 10)
+    refused = chat(live_web.url, key)
+    assert refused.json()["code"] == "BUDGET_EXHAUSTED"
+    assert "12 tokens a day" in refused.json()["message"]
+    assert 1 <= int(refused.headers["retry-after"]) <= 86400
+    # Raising the budget lets it call again; the dashboard page shows the use against the limit.
+    limited(key, operator_client, tokens_per_day=1000)
+    assert wait_until(lambda: chat(live_web.url, key).status_code == 200, 10)
+    client.force_login(User.objects.create_user("ops", is_staff=True))
+    page = client.get(f"/clusters/credentials/{pk}/").content.decode()
+    assert 'id="use-tokens_per_day"' in page and "of 1000" in page
+
+
+def test_concurrent_requests_are_held_to_the_limit(live_web, echo, operator_client):
+    bind("chat.echo@1", server=running_server(loopback_node(), "echo-l", echo))
+    key = credential(["chat.echo@1"])
+    limited(key, operator_client, max_concurrent=1)
+    assert wait_until(lambda: chat(live_web.url, key, "x").status_code == 200, 10)
+    # A stream of eight words takes the echo engine about 1.6 s: meanwhile a second call is refused.
+    first: list[httpx.Response] = []
+    streaming = threading.Thread(
+        target=lambda: first.append(chat(live_web.url, key, "one two three four five six seven", stream=True))
+    )
+    streaming.start()
+    time.sleep(0.5)
+    second = chat(live_web.url, key, "x")
+    streaming.join(20)
+    assert second.status_code == 429 and second.json()["code"] == "RATE_LIMITED"
+    assert "1 concurrent requests" in second.json()["message"]
+    assert first and first[0].status_code == 200
+    assert chat(live_web.url, key, "x").status_code == 200  # the slot was given back
+
+
+def test_limits_are_validated(operator_client):
+    key = credential(["chat.echo@1"])
+    pk = ClientCredential.objects.get(display_prefix=key[:12]).pk
+    answer = operator_client.post(
+        f"/api/v1/client-credentials/{pk}/limits",
+        {"requests_per_minute": 0, "tokens_per_minute": None, "max_concurrent": None, "tokens_per_day": None},
+        format="json",
+    )
+    assert answer.status_code == 400 and answer.json()["code"] == "VALIDATION_ERROR"
+    assert ClientCredential.objects.get(pk=pk).requests_per_minute is None
+    minted = operator_client.post(
+        "/api/v1/client-credentials",
+        {"name": "limited", "scopes": ["chat.echo@1"], "requests_per_minute": 5},
+        format="json",
+    )
+    assert minted.status_code == 201 and minted.json()["requests_per_minute"] == 5
+
+
+def test_with_redis_away_a_limited_call_is_admitted_and_said_so(caplog):
+    limiter = Limiter()
+    import redis.asyncio as aioredis
+
+    limiter._client = aioredis.Redis(port=free_port(), socket_connect_timeout=0.2)
+    assert asyncio.run(limiter.admit("1", Limits(requests_per_minute=1))) is None
+    assert limiter.redis_ok is False
+    assert any("limits are not enforced" in r.getMessage() for r in caplog.records)
