@@ -139,6 +139,17 @@ LIMIT_FIELDS = (
     "tokens_per_day",
     "tokens_per_month",
 )
+# Bounded by their columns: a value past one is a 400 naming the field, not the database's error.
+_LIMIT_MAX = {
+    "requests_per_minute": 2**31 - 1,
+    "tokens_per_minute": 2**63 - 1,
+    "max_concurrent": 2**31 - 1,
+    "tokens_per_day": 2**63 - 1,
+    "tokens_per_month": 2**63 - 1,
+}
+LIMIT_BOUNDS: dict[str, dict[str, Any]] = {
+    f: {"min_value": 1, "max_value": _LIMIT_MAX[f]} for f in LIMIT_FIELDS
+}
 
 
 class LimitsSerializer(serializers.ModelSerializer):
@@ -147,7 +158,7 @@ class LimitsSerializer(serializers.ModelSerializer):
     class Meta:
         model = ClientCredential
         fields = list(LIMIT_FIELDS)
-        extra_kwargs = {f: {"min_value": 1, "required": True, "allow_null": True} for f in LIMIT_FIELDS}
+        extra_kwargs = {f: {**LIMIT_BOUNDS[f], "required": True, "allow_null": True} for f in LIMIT_FIELDS}
 
 
 class CredentialUseSerializer(serializers.Serializer):
@@ -181,7 +192,7 @@ class ClientCredentialSerializer(PrintableText, serializers.ModelSerializer):
             *LIMIT_FIELDS,
         ]
         read_only_fields = ["display_prefix", "created_at", "revoked_at"]
-        extra_kwargs = {f: {"min_value": 1} for f in LIMIT_FIELDS}
+        extra_kwargs = LIMIT_BOUNDS
 
     def validate_expires_at(self, value: datetime | None) -> datetime | None:
         # Minted already expired, it would be refused at its first use with nothing to say it never worked.

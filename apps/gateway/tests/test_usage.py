@@ -5,7 +5,6 @@ PostgreSQL; the `openai` package unmodified."""
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import io
 import os
@@ -25,7 +24,7 @@ from apps.gateway.lbstate import SharedState
 from apps.gateway.usage import SEP, USAGE_KEY, split_field, usage_in
 from apps.observability.models import UsageSample
 from apps.observability.sampling import roll_up_usage
-from tests.fixtures import clear_usage, free_port, wait_until
+from tests.fixtures import clear_usage, free_port, run_in_own_loop, wait_until
 
 pytestmark = [
     pytest.mark.django_db(databases=["default", "observability"], transaction=True),
@@ -150,12 +149,12 @@ def test_usage_waits_in_the_process_while_redis_is_away_and_is_flushed_after():
     state._client = redis.asyncio.Redis(port=free_port(), socket_connect_timeout=0.2)
     state.usage.record("7", "", "chat.echo@1", "echo-a", 200, (5, 6), 0.01, 0.02)
 
-    asyncio.run(state.flush())
+    run_in_own_loop(state.flush)  # (a browser test may keep a loop running in this thread)
     assert state.redis_ok is False
     assert state.usage.counts[f"7{SEP}{SEP}chat.echo@1{SEP}echo-a{SEP}prompt_tokens"] == 5
     clear_usage()
     state._client = redis.asyncio.Redis.from_url(settings.CELERY_BROKER_URL)
-    asyncio.run(state.flush())
+    run_in_own_loop(state.flush)  # (a browser test may keep a loop running in this thread)
     assert not state.usage.counts and not state.usage.totals
     assert counted("7")["chat.echo@1:prompt_tokens"] == 5
 
