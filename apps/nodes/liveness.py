@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -11,7 +12,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.alerts.choices import Severity
-from apps.alerts.models import Alert
+from apps.alerts.models import Alert, dedup_key_for
 from apps.nodes import codes, listening
 from apps.nodes.choices import EventKind, Liveness
 from apps.nodes.models import ListeningClock, Node, NodeEvent
@@ -119,7 +120,9 @@ def sweep(now: datetime | None = None) -> SweepResult:
        server and raises one critical ``NODE_MASS_LOSS`` until an operator confirms or they come back.
     2. stale: online nodes silent for longer than ``NODE_STALE_AFTER``.
     3. alerts: ``node_offline`` (critical) and ``NODE_STALE`` (warning), one statement each,
-       de-duplicated by the alerts core.
+       de-duplicated by the alerts core -- one per node, or ONE for the fleet when the transition moved
+       many nodes at once (``_raise``); a fleet alert clears itself once none of the nodes it covers is
+       still in that state.
     """
     now = now or timezone.now()
     result = SweepResult()
@@ -165,28 +168,125 @@ def sweep(now: datetime | None = None) -> SweepResult:
                     f"no heartbeat for more than {settings.NODE_STALE_AFTER} s",
                 )
         clock.save()
-        Alert.objects.raise_many(
+        alive = census.alive if census is not None else 0
+        _raise(
             codes.ALERT_NODE_OFFLINE,
             Severity.CRITICAL,
-            "node",
             result.offline,
+            alive,
             f"Node {{name}} is offline: no heartbeat for more than {settings.NODE_OFFLINE_AFTER} s. "
             "Is the agent running and able to reach the control plane?",
-            at=now,
+            f"went offline at once: no heartbeat for more than {settings.NODE_OFFLINE_AFTER} s. Their "
+            "servers were failed with NODE_OFFLINE. Is the network between them and the control plane up?",
+            now,
         )
-        Alert.objects.raise_many(
+        _raise(
             codes.ALERT_NODE_STALE,
             Severity.WARNING,
-            "node",
             result.stale,
+            alive,
             f"Node {{name}} is stale: no heartbeat for more than {settings.NODE_STALE_AFTER} s. "
             "Nothing new is assigned to it until it reports again.",
-            at=now,
+            f"went stale at once: no heartbeat for more than {settings.NODE_STALE_AFTER} s. Nothing new is "
+            "assigned to them until they report again.",
+            now,
         )
+        _clear_fleet_alerts(now)
         if result.offline:
             # Higher layers (model servers on those nodes) react in the same transaction.
             nodes_went_offline.send(sender=sweep, nodes=result.offline, at=now)
     return result
+
+
+# The fleet's alert for a transition that moved many nodes at once has the transition's own code, on the
+# subject of the mass-loss hold: ``NODE_STALE:fleet:liveness`` and ``node_offline:fleet:liveness``.
+FLEET_ALERTS = {codes.ALERT_NODE_STALE: Liveness.STALE, codes.ALERT_NODE_OFFLINE: Liveness.OFFLINE}
+NAMED_IN_FLEET_ALERT = 10
+
+
+def _many(moved: int, alive: int) -> bool:
+    """What the mass-loss guard calls many nodes at once: more than ``LIVENESS_MASS_LOSS_FRACTION`` of the
+    ``alive`` (online or stale) nodes, in a fleet of at least ``LIVENESS_MASS_LOSS_MIN_NODES``."""
+    return (
+        alive >= settings.LIVENESS_MASS_LOSS_MIN_NODES
+        and moved > settings.LIVENESS_MASS_LOSS_FRACTION * alive
+    )
+
+
+def _raise(
+    code: str,
+    severity: str,
+    moved: list[tuple[str, str]],
+    alive: int,
+    per_node: str,
+    fleet: str,
+    now: datetime,
+) -> None:
+    """One alert per moved node, or -- when the transition moved many nodes at once -- one alert for the
+    fleet with the same code, naming how many and the first few (each node keeps its state and its event
+    row; the Nodes page lists them all). A whole fleet's worth of per-node alerts was most of an all-due
+    sweep's time (bench/heartbeats) and, through the notification channels, an alert storm."""
+    if not moved:
+        return
+    if not _many(len(moved), alive):
+        Alert.objects.raise_many(code, severity, "node", moved, per_node, at=now)
+        return
+    names = heapq.nsmallest(NAMED_IN_FLEET_ALERT, (name for _, name in moved))
+    more = len(moved) - len(names)
+    state = FLEET_ALERTS[code]
+    Alert.objects.raise_alert(
+        code,
+        severity,
+        *listening.MASS_LOSS_SUBJECT,
+        "fleet liveness",
+        f"{len(moved)} of {alive} nodes {fleet} One alert for them all: the Nodes page lists each "
+        f"(liveness: {state}) with its event; among them {', '.join(names)}"
+        f"{f' and {more} more' if more else ''}. It clears itself once none of them is {state}.",
+        at=now,
+    )
+
+
+# A fleet alert covers the nodes in its state that have no alert of their own for it.
+_UNCOVERED = f"""
+SELECT a.code FROM {Alert._meta.db_table} a
+WHERE a.dedup_key = ANY(%(keys)s) AND a.cleared_at IS NULL
+  AND NOT EXISTS (
+    SELECT 1 FROM {Node._meta.db_table} n
+    WHERE n.liveness = CASE a.code WHEN %(stale_code)s THEN %(stale)s ELSE %(offline)s END
+      AND NOT EXISTS (SELECT 1 FROM {Alert._meta.db_table} o
+                      WHERE o.dedup_key = a.code || %(node_infix)s || n.id::text AND o.cleared_at IS NULL))
+"""  # noqa: S608 -- the table names are ours
+
+
+def _clear_fleet_alerts(now: datetime) -> None:
+    """Clear each open fleet liveness alert none of whose nodes is still in its state (they reported: the
+    heartbeat clears only a node's own alerts). One indexed look-up when none is open."""
+    keys = [dedup_key_for(code, *listening.MASS_LOSS_SUBJECT) for code in FLEET_ALERTS]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _UNCOVERED,
+            {
+                "keys": keys,
+                "node_infix": dedup_key_for("", "node", ""),  # a node's own key is code + this + id
+                "stale_code": codes.ALERT_NODE_STALE,
+                "stale": Liveness.STALE,
+                "offline": Liveness.OFFLINE,
+            },
+        )
+        done = [code for (code,) in cursor.fetchall()]
+    for code in done:
+        Alert.objects.clear_for([code], *listening.MASS_LOSS_SUBJECT, at=now)
+
+
+def alerts_of(node: Node) -> list[Alert]:
+    """The open alerts about ``node``: its own, and the fleet's liveness alert that covers it (the node is
+    in that alert's state with no alert of its own for it), for the node's page."""
+    own = list(Alert.objects.open().filter(subject_type="node", subject_id=str(node.pk)))
+    code = next((c for c, state in FLEET_ALERTS.items() if state == node.liveness), None)
+    if code is None or any(alert.code == code for alert in own):
+        return own
+    key = dedup_key_for(code, *listening.MASS_LOSS_SUBJECT)
+    return own + list(Alert.objects.open().filter(dedup_key=key))
 
 
 def _guard_mass_loss(
@@ -196,10 +296,7 @@ def _guard_mass_loss(
     (``confirmed_at``), or none while many nodes went silent at once (the hold and its alert)."""
     confirmed = clock.confirmed_at
     due, alive, silent_since = census.due, census.alive, census.silent_since
-    mass = (
-        alive >= settings.LIVENESS_MASS_LOSS_MIN_NODES and due > settings.LIVENESS_MASS_LOSS_FRACTION * alive
-    )
-    if not mass:
+    if not _many(due, alive):
         if clock.hold_since is not None:
             Alert.objects.clear_for([codes.ALERT_NODE_MASS_LOSS], *listening.MASS_LOSS_SUBJECT, at=now)
             clock.hold_since, clock.hold_nodes = None, 0

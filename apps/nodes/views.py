@@ -13,7 +13,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from apps.alerts.models import Alert
-from apps.nodes import codes, listening
+from apps.nodes import codes, listening, liveness
 from apps.nodes.api.serializers import EnrollmentTokenSerializer
 from apps.nodes.filtersets import NodeFilterSet
 from apps.nodes.models import EnrollmentToken, ListeningClock, Node
@@ -45,7 +45,8 @@ def node_detail(request: HttpRequest, pk: str) -> HttpResponse:
         "node": node,
         "assignable": node.is_assignable(),
         "events": node.events.all()[:30],
-        "alerts": Alert.objects.open().filter(subject_type="node", subject_id=str(node.pk)),
+        # Its own, and the fleet's NODE_STALE or node_offline when it went with many others at once.
+        "alerts": liveness.alerts_of(node),
         # The reverse relation only: what runs here is the servers app's, which nodes does not import.
         "servers": node.servers.order_by("name"),
         "active_nav": "nodes",

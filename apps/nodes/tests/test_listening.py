@@ -145,7 +145,9 @@ def test_two_of_three_nodes_silent_at_once_are_held_stale_with_one_critical_aler
     assert sorted(n for _, n in moved.offline) == ["n0", "n1"]
     server.refresh_from_db()
     assert (server.state, server.failure_code) == ("failed", "NODE_OFFLINE")
-    assert Alert.objects.open().filter(code="node_offline").count() == 2
+    # Two of three at once: one node_offline for both (below), each with its own state and event.
+    (offline,) = Alert.objects.open().filter(code="node_offline")
+    assert offline.subject_type == "fleet" and offline.message.startswith("2 of 3 nodes went offline at once")
 
 
 def test_nodes_that_come_back_clear_the_hold(clock, settings):
@@ -182,3 +184,133 @@ def test_a_fleet_smaller_than_the_minimum_is_never_held(clock, settings):
     sweeping(clock, settings.NODE_OFFLINE_AFTER + 5)
     assert states() == {"n0": "offline", "n1": "offline"}
     assert not Alert.objects.filter(code="NODE_MASS_LOSS").exists()
+
+
+# --- Many nodes moved in one sweep: one alert for them all (issue 17) --------------------------------
+
+
+def open_alerts(code: str) -> list[Alert]:
+    return list(Alert.objects.open().filter(code=code))
+
+
+def test_many_nodes_going_stale_at_once_raise_one_fleet_alert_and_each_keeps_its_state_and_event(
+    clock, settings
+):
+    credentials = fleet(4)
+    sweep()
+    for _ in range(int(settings.NODE_STALE_AFTER / 5) + 1):
+        clock.shift(timedelta(seconds=5))
+        beat(credentials[3])  # only n3 still reports: 3 of 4 go stale in one sweep
+        sweep()
+    assert states() == {"n0": "stale", "n1": "stale", "n2": "stale", "n3": "online"}
+    # Each node still has its own state and the event that says why.
+    for name in ("n0", "n1", "n2"):
+        (event,) = Node.objects.get(name=name).events.filter(to_liveness="stale")
+        assert (event.from_liveness, event.detail) == (
+            "online",
+            f"no heartbeat for more than {settings.NODE_STALE_AFTER} s",
+        )
+    # One NODE_STALE for the fleet, not one per node.
+    (alert,) = open_alerts("NODE_STALE")
+    assert (alert.severity, alert.subject_type, alert.subject_id) == ("warning", "fleet", "liveness")
+    assert alert.dedup_key == "NODE_STALE:fleet:liveness"
+    assert alert.message.startswith("3 of 4 nodes went stale at once")
+    assert "n0, n1, n2" in alert.message and "liveness: stale" in alert.message
+    # Sweeping on changes nothing and opens nothing new; one node coming back does not clear it.
+    clock.shift(timedelta(seconds=5))
+    beat(credentials[3])
+    beat(credentials[0])
+    sweep()
+    assert [a.pk for a in open_alerts("NODE_STALE")] == [alert.pk]
+    # Once none of them is stale, the next sweep clears it.
+    beat(credentials[1])
+    beat(credentials[2])
+    sweep()
+    assert open_alerts("NODE_STALE") == []
+    alert.refresh_from_db()
+    assert alert.cleared_at == timezone.now()
+
+
+def test_a_confirmed_mass_loss_goes_offline_under_one_critical_alert_and_each_server_fails(clock, settings):
+    credentials = fleet(4)
+    sweep()
+    servers = [
+        ModelServer.objects.create(
+            name=f"on-n{i}",
+            profile="test-echo",
+            model="m",
+            node=Node.objects.get(name=f"n{i}"),
+            state="running",
+        )
+        for i in range(3)
+    ]
+    for _ in range(int(settings.NODE_OFFLINE_AFTER / 5) + 2):
+        clock.shift(timedelta(seconds=5))
+        beat(credentials[3])
+        sweep()
+    assert open_alerts("NODE_MASS_LOSS") and len(open_alerts("NODE_STALE")) == 1
+    listening.confirm_mass_loss(by="alice")
+    clock.shift(timedelta(seconds=5))
+    beat(credentials[3])
+    moved = sweep()
+    assert sorted(n for _, n in moved.offline) == ["n0", "n1", "n2"]
+    assert states() == {"n0": "offline", "n1": "offline", "n2": "offline", "n3": "online"}
+    for server in servers:  # the servers' reaction is per node, as before
+        server.refresh_from_db()
+        assert (server.state, server.failure_code) == ("failed", "NODE_OFFLINE")
+    (alert,) = open_alerts("node_offline")
+    assert (alert.severity, alert.subject_type, alert.subject_name) == ("critical", "fleet", "fleet liveness")
+    assert alert.message.startswith("3 of 4 nodes went offline at once")
+    assert open_alerts("NODE_STALE") == []  # none of them is stale any more
+    # node_offline clears itself once every node it covers has reported again.
+    for credential in credentials[:2]:
+        beat(credential)
+    clock.shift(timedelta(seconds=5))
+    sweep()
+    assert len(open_alerts("node_offline")) == 1
+    beat(credentials[2])
+    sweep()
+    assert open_alerts("node_offline") == []
+
+
+def test_a_node_going_stale_alone_beside_an_open_fleet_alert_gets_its_own(clock, settings):
+    credentials = fleet(5)
+    sweep()
+    for _ in range(int(settings.NODE_STALE_AFTER / 5) + 1):
+        clock.shift(timedelta(seconds=5))
+        beat(credentials[3])
+        beat(credentials[4])
+        sweep()  # n0, n1, n2: 3 of 5 at once
+    assert [a.subject_type for a in open_alerts("NODE_STALE")] == ["fleet"]
+    for _ in range(int(settings.NODE_STALE_AFTER / 5) + 1):
+        clock.shift(timedelta(seconds=5))
+        beat(credentials[4])
+        sweep()  # n3 alone
+    n3 = Node.objects.get(name="n3")
+    assert sorted((a.subject_type, a.subject_name) for a in open_alerts("NODE_STALE")) == [
+        ("fleet", "fleet liveness"),
+        ("node", "n3"),
+    ]
+    # The fleet alert clears when the three it covers are back, though n3 is still stale.
+    for credential in credentials[:3]:
+        beat(credential)
+    clock.shift(timedelta(seconds=1))
+    sweep()
+    assert [(a.subject_type, a.subject_id) for a in open_alerts("NODE_STALE")] == [("node", str(n3.pk))]
+
+
+def test_a_node_page_shows_the_fleet_alert_that_covers_it(clock, settings, client):
+    from django.contrib.auth.models import User
+
+    client.force_login(User.objects.create_user("ops", is_staff=True))
+    credentials = fleet(4)
+    sweep()
+    for _ in range(int(settings.NODE_STALE_AFTER / 5) + 1):
+        clock.shift(timedelta(seconds=5))
+        beat(credentials[3])
+        sweep()
+    assert len(open_alerts("NODE_STALE")) == 1
+    covered = client.get(f"/nodes/{Node.objects.get(name='n0').pk}/").content.decode()
+    assert "<code>NODE_STALE</code>" in covered and "3 of 4 nodes went stale at once" in covered
+    online = client.get(f"/nodes/{Node.objects.get(name='n3').pk}/").content.decode()
+    assert "<code>NODE_STALE</code>" not in online

@@ -225,3 +225,32 @@ def test_only_enabled_online_fresh_nodes_are_assignable(clock, settings):
     clock.shift(timedelta(seconds=settings.NODE_STALE_AFTER + 1))
     assert not online.is_assignable()
     assert not Node.objects.assignable().exists()
+
+
+def test_a_sweep_moving_many_nodes_at_once_writes_one_alert_for_any_number_of_them(clock, settings):
+    """A whole fleet going stale in one sweep: each node its state and event row, one NODE_STALE for all
+    (apps/nodes/liveness.py); the statements and the alert rows do not grow with the nodes."""
+    from apps.nodes.models import NodeEvent
+
+    def mass_sweep_of(count: int, prefix: str) -> int:
+        nodes = []
+        for i in range(count):
+            node, credential = make_node(name=f"{prefix}-{i}")
+            beat(credential)
+            nodes.append(node)
+        sweeping(clock, settings.NODE_STALE_AFTER - 4)
+        clock.shift(timedelta(seconds=5))
+        with CaptureQueriesContext(connection) as queries:
+            moved = sweep()
+        assert sorted(name for _, name in moved.stale) == sorted(node.name for node in nodes)
+        assert Node.objects.filter(pk__in=[n.pk for n in nodes], liveness="stale").count() == count
+        assert NodeEvent.objects.filter(node__in=nodes, to_liveness="stale").count() == count
+        assert not Alert.objects.filter(subject_type="node").exists()
+        (alert,) = Alert.objects.open().filter(code="NODE_STALE")
+        assert alert.subject_type == "fleet"
+        assert alert.message.startswith(f"{count} of {count} nodes went stale at once")
+        Alert.objects.all().delete()
+        Node.objects.filter(pk__in=[n.pk for n in nodes]).delete()
+        return len(queries.captured_queries)
+
+    assert mass_sweep_of(3, "a") == mass_sweep_of(40, "b")
