@@ -9,9 +9,11 @@ bench/heartbeats measures it; docs/DECISIONS.md says why it exists.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -19,7 +21,15 @@ from django.conf import settings
 from django.utils import timezone
 
 from apps.nodes import codes
-from apps.nodes.heartbeat import HEARTBEAT_SQL, InvalidReport, heartbeat_params, parse_report
+from apps.nodes.heartbeat import (
+    HEARTBEAT_SQL,
+    HeartbeatRow,
+    InvalidReport,
+    batch_params,
+    heartbeat_row,
+    parse_report,
+)
+from apps.nodes.models import digest
 from modelforge import auththrottle
 from modelforge.errors import codes as error_codes
 from modelforge.lean import (
@@ -56,11 +66,116 @@ def _conninfo() -> dict[str, Any]:
     }
 
 
+Row = tuple[Any, bool, str]
+# Each batch is written as one statement on one pooled connection; ``execute`` returns the rows by ``k``.
+Execute = Callable[[list[HeartbeatRow]], Awaitable[dict[int, Row]]]
+
+
+class NotRecorded(Exception):
+    """The heartbeat's batch was not committed for a reason that passes (the database unreachable, its
+    session ended, a lock or deadlock): the caller answers 503 ``HEARTBEAT_NOT_RECORDED``."""
+
+
+class HeartbeatBatcher:
+    """Write-behind with the answer held: the heartbeats one process receives while its previous batch is
+    being written go together as the next batch, one statement and one commit; each caller gets its own
+    row (or ``None``: no node has that credential) only after that commit.
+
+    No timer: a heartbeat arriving at an idle process is written at once, and batches grow only as the
+    database takes time (group commit, one level up). At most ``in_flight`` batches are being written
+    at a time, each at most ``max_batch`` heartbeats. A credential already in a batch waits for the next
+    one (the GPU upsert cannot touch a row twice in one statement), so a node's heartbeats are written in
+    the order received.
+
+    A batch that fails with an error that passes (``psycopg.OperationalError``: the session ended, the
+    database unreachable, a deadlock or lock timeout; the execute has already retried once on a fresh
+    connection) fails each of its callers with ``NotRecorded``. Any other error is the statement's own:
+    each heartbeat of the batch is then written alone, so a heartbeat the database refuses fails only its
+    own caller, with that error (a 500, as before batching), and the others are recorded."""
+
+    def __init__(self, execute: Execute, *, in_flight: int = 1, max_batch: int = 256) -> None:
+        self._execute = execute
+        self._in_flight = in_flight
+        self._max_batch = max_batch
+        self._pending: list[tuple[HeartbeatRow, asyncio.Future[Row | None]]] = []
+        self._writing = 0  # writers running; counted down in the very step that finds nothing pending
+        self._tasks: set[asyncio.Task[None]] = set()  # held, so a running writer is never collected
+        self.batches = 0  # statements run (a split batch counts each of its single statements)
+        self.heartbeats = 0  # heartbeats those statements carried
+
+    async def record(self, row: HeartbeatRow) -> Row | None:
+        future: asyncio.Future[Row | None] = asyncio.get_running_loop().create_future()
+        self._pending.append((row, future))
+        if self._writing < self._in_flight:
+            self._writing += 1
+            task = asyncio.create_task(self._write())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return await future
+
+    def _take(self) -> list[tuple[HeartbeatRow, asyncio.Future[Row | None]]]:
+        batch: list[tuple[HeartbeatRow, asyncio.Future[Row | None]]] = []
+        later: list[tuple[HeartbeatRow, asyncio.Future[Row | None]]] = []
+        seen: set[str] = set()
+        for item in self._pending:
+            if len(batch) < self._max_batch and item[0].credential_hash not in seen:
+                seen.add(item[0].credential_hash)
+                batch.append(item)
+            else:
+                later.append(item)
+        self._pending = later
+        return batch
+
+    async def _write(self) -> None:
+        try:
+            while batch := self._take():
+                try:
+                    await self._write_batch(batch)
+                except BaseException as exc:  # never leave a caller waiting, whatever happened
+                    for _, future in batch:
+                        if not future.done():
+                            error = exc if isinstance(exc, Exception) else NotRecorded(repr(exc))
+                            future.set_exception(error)
+                    if not isinstance(exc, Exception):
+                        raise
+        finally:
+            # No await between the empty take and this: a heartbeat appended after it starts a writer.
+            self._writing -= 1
+
+    async def _write_batch(self, batch: list[tuple[HeartbeatRow, asyncio.Future[Row | None]]]) -> None:
+        for position, (row, _) in enumerate(batch):
+            row.k = position
+        try:
+            self.batches += 1
+            self.heartbeats += len(batch)
+            written = await self._execute([row for row, _ in batch])
+        except psycopg.OperationalError as exc:
+            error = NotRecorded(f"{type(exc).__name__}: {exc}".strip())
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        except Exception:
+            if len(batch) == 1:
+                raise
+            for item in batch:  # the statement's own error: find whose, write the others
+                try:
+                    await self._write_batch([item])
+                except Exception as exc:
+                    if not item[1].done():
+                        item[1].set_exception(exc)
+            return
+        for position, (_, future) in enumerate(batch):
+            if not future.done():  # a caller gone (client disconnected) was still written
+                future.set_result(written.get(position))
+
+
 class HeartbeatEndpoint:
     """The ASGI callable; one instance per process, its pool opened on first use in the serving loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, in_flight: int = 1, max_batch: int = 256) -> None:
         self._pool: Any = None
+        self.batcher = HeartbeatBatcher(self._write, in_flight=in_flight, max_batch=max_batch)
 
     async def _get_pool(self) -> Any:
         if self._pool is None:
@@ -78,18 +193,18 @@ class HeartbeatEndpoint:
             self._pool = pool
         return self._pool
 
-    async def _record(self, credential: str, report: Any) -> Any:
-        """One statement; a pooled session found dead (a restore's switch-over, a database restart) makes
-        the pool check every idle one, and the heartbeat is tried once more on a fresh connection. The
-        happy path pays nothing for it (no check per checkout on the hottest write)."""
+    async def _write(self, rows: list[HeartbeatRow]) -> dict[int, Row]:
+        """One statement for the batch; a pooled session found dead (a restore's switch-over, a database
+        restart) makes the pool check every idle one, and the batch is tried once more on a fresh
+        connection. The happy path pays nothing for it (no check per checkout on the hottest write)."""
         pool = await self._get_pool()
+        params = batch_params(rows)
         for attempt in (1, 2):
             try:
                 async with pool.connection() as conn:
-                    cursor = await conn.execute(
-                        HEARTBEAT_SQL, heartbeat_params(credential, report, timezone.now())
-                    )
-                    return await cursor.fetchone()
+                    cursor = await conn.execute(HEARTBEAT_SQL, params)
+                    written: list[tuple[int, Any, bool, str]] = await cursor.fetchall()
+                    return {k: (node_id, enabled, was) for k, node_id, enabled, was in written}
             except psycopg.OperationalError:
                 if attempt == 2:
                     raise
@@ -149,7 +264,16 @@ class HeartbeatEndpoint:
         except InvalidReport as exc:
             return _error(400, exc.code, exc.message)
         try:
-            row = await self._record(credential, report)
+            row = await self.batcher.record(heartbeat_row(digest(credential), report, timezone.now()))
+        except NotRecorded as exc:
+            error_logger.warning("heartbeat not recorded: %s", exc)
+            return _error(
+                503,
+                codes.HEARTBEAT_NOT_RECORDED,
+                "The heartbeat was not recorded: the database did not complete its write. "
+                "The agent's next heartbeat reports again.",
+                {"Retry-After": str(settings.HEARTBEAT_INTERVAL)},
+            )
         except Exception:
             error_logger.exception("heartbeat could not be recorded")
             return 500, {}, {}
