@@ -52,6 +52,16 @@ error_logger = logging.getLogger("modelforge.errors")
 
 PATH = "/api/v1/agent/heartbeat"
 
+# The heartbeat pool's sessions run nothing but HEARTBEAT_SQL. Its batch arrives as one JSON text, which
+# the planner takes for 100 rows: left alone it hash-joins the whole node and GPU tables on every batch
+# (EXPLAIN ANALYZE over 2,000 nodes x 8 GPUs: 4.6 ms for 8 heartbeats, against 1.6 ms with these). The
+# plan never depends on the parameter, so one generic plan serves every batch (no planning per batch
+# once psycopg has prepared the statement).
+PLANNER_OPTIONS = (
+    "-c enable_seqscan=off -c enable_hashjoin=off -c enable_mergejoin=off "
+    "-c plan_cache_mode=force_generic_plan"
+)
+
 
 def _conninfo() -> dict[str, Any]:
     db = settings.DATABASES["default"]
@@ -182,6 +192,7 @@ class HeartbeatEndpoint:
             from psycopg_pool import AsyncConnectionPool
 
             kwargs = {k: v for k, v in _conninfo().items() if v is not None}
+            kwargs["options"] = f"{kwargs.get('options', '')} {PLANNER_OPTIONS}".strip()
             pool = AsyncConnectionPool(
                 kwargs={**kwargs, "autocommit": True},
                 min_size=1,

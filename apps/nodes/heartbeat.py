@@ -146,6 +146,9 @@ def _cross_field_problems(report: HeartbeatReport) -> Any:
 # ``k``, which comes back with its node row; a heartbeat whose credential matches no node returns no row.
 # No two heartbeats of a batch carry the same credential (the GPU upsert could not touch a row twice).
 # Node rows are locked in id order, so two batches that share nodes wait for each other, never deadlock.
+# The planner takes jsonb_to_recordset for 100 rows and would hash-join whole tables (a sequential scan of
+# every node and every GPU per batch, measured); the endpoint's connections run it with nested loops on
+# the indexes and one generic plan (``fastpath.PLANNER_OPTIONS``).
 HEARTBEAT_SQL = f"""
 WITH h AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb) AS h(
@@ -153,18 +156,18 @@ WITH h AS MATERIALIZED (
         cpu_count int, load_1m float8, memory_total bigint, memory_available bigint, shm_total bigint,
         shm_free bigint, models jsonb, gpus jsonb)
 ), before AS (
-    SELECT n.id, n.liveness, h.k
-    FROM {Node._meta.db_table} AS n JOIN h ON n.credential_hash = h.credential_hash
+    SELECT n.id, n.liveness, h.*
+    FROM h JOIN {Node._meta.db_table} AS n ON n.credential_hash = h.credential_hash
     ORDER BY n.id FOR UPDATE OF n
 ), node AS (
     UPDATE {Node._meta.db_table} AS n
-    SET last_heartbeat_at = h.at, liveness = '{Liveness.ONLINE}', agent_version = h.agent_version,
-        agent_url = COALESCE(NULLIF(h.agent_url, ''), n.agent_url), accelerator = h.accelerator,
-        cpu_count = h.cpu_count, load_1m = h.load_1m,
-        memory_total_bytes = h.memory_total, memory_available_bytes = h.memory_available,
-        shm_total_bytes = h.shm_total, shm_free_bytes = h.shm_free, models_present = h.models
-    FROM before JOIN h ON h.k = before.k WHERE n.id = before.id
-    RETURNING n.id, n.enabled, before.liveness AS was, h.k, h.at, h.gpus
+    SET last_heartbeat_at = b.at, liveness = '{Liveness.ONLINE}', agent_version = b.agent_version,
+        agent_url = COALESCE(NULLIF(b.agent_url, ''), n.agent_url), accelerator = b.accelerator,
+        cpu_count = b.cpu_count, load_1m = b.load_1m,
+        memory_total_bytes = b.memory_total, memory_available_bytes = b.memory_available,
+        shm_total_bytes = b.shm_total, shm_free_bytes = b.shm_free, models_present = b.models
+    FROM before AS b WHERE n.id = b.id
+    RETURNING n.id, n.enabled, b.liveness AS was, b.k, b.at, b.gpus
 ), gpus AS (
     INSERT INTO {GPU._meta.db_table} (node_id, "index", uuid, name, memory_total_bytes, memory_used_bytes,
                                       memory_managed_bytes, utilization_percent, temperature_c, reported_at)
@@ -187,10 +190,13 @@ WITH h AS MATERIALIZED (
     SELECT id, '{EventKind.LIVENESS}', was, '{Liveness.ONLINE}', at, 'heartbeat' FROM node
     WHERE was <> '{Liveness.ONLINE}'
 ), cleared AS (
-    UPDATE {Alert._meta.db_table} AS a SET cleared_at = node.at FROM node
-    WHERE node.was <> '{Liveness.ONLINE}' AND a.cleared_at IS NULL
-      AND a.dedup_key IN ('{codes.ALERT_NODE_STALE}:node:' || node.id::text,
-                          '{codes.ALERT_NODE_OFFLINE}:node:' || node.id::text)
+    UPDATE {Alert._meta.db_table} AS a SET cleared_at = due.at
+    FROM (
+        SELECT node.at, unnest(ARRAY['{codes.ALERT_NODE_STALE}:node:' || node.id::text,
+                                     '{codes.ALERT_NODE_OFFLINE}:node:' || node.id::text]) AS dedup_key
+        FROM node WHERE node.was <> '{Liveness.ONLINE}'
+    ) AS due
+    WHERE a.dedup_key = due.dedup_key AND a.cleared_at IS NULL
 )
 SELECT k, id, enabled, was FROM node
 """  # noqa: S608
