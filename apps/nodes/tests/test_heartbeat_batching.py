@@ -1,8 +1,9 @@
 """Heartbeats that arrive together are written together: over real HTTP to the gunicorn web process, on the
-real database. One node's row is held locked by the test so that the heartbeats sent meanwhile queue up
-behind the blocked batch; a statement-level trigger counts the UPDATE statements the node table receives
-(a sequence, so a statement that fails is counted too). Each caller is answered only after its own row is
-committed, with its own node; a batch that fails answers each of its callers with a named error."""
+real database. The test holds node rows locked so that the web process's batches in flight wait on them
+and the heartbeats sent meanwhile queue up behind; a statement-level trigger counts the UPDATE statements
+the node table receives (a sequence, so a statement that fails is counted too). Each caller is answered
+only after its own row is committed, with its own node; a batch that fails answers each of its callers
+with a named error."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from django.db import connection
 
 from apps.alerts.models import Alert
 from apps.nodes import codes
+from apps.nodes.fastpath import BATCHES_IN_FLIGHT
 from apps.nodes.models import GPU, Node, NodeEvent
 from apps.nodes.tests.factories import heartbeat_report, make_node
 
@@ -100,17 +102,33 @@ def wait_for(check: Callable[[], Any], seconds: float = 15) -> Any:
     raise AssertionError("not within the time")
 
 
-def terminate_the_blocked_batch(watcher: psycopg.Connection[Any]) -> None:
-    pids = set(wait_for(lambda: blocked_batches(watcher)))
-    for pid in pids:
-        watcher.execute("SELECT pg_terminate_backend(%s)", [pid])
-    wait_for(lambda: not pids & set(blocked_batches(watcher)))
+def wait_for_blocked(watcher: psycopg.Connection[Any], count: int) -> None:
+    wait_for(lambda: len(blocked_batches(watcher)) == count)
+
+
+def hold_every_writer(
+    send: Callable[[str, dict[str, Any] | None], Future[httpx.Response]],
+    holder: psycopg.Connection[Any],
+    watcher: psycopg.Connection[Any],
+    blockers: list[tuple[Node, str]],
+) -> list[Future[httpx.Response]]:
+    """Each of the process's batches in flight waits on a row the holder has locked: one heartbeat each,
+    sent one after the other, so that each is a batch of its own."""
+    holder.execute("BEGIN")
+    holder.execute(
+        f"SELECT 1 FROM {NODE_TABLE} WHERE id = ANY(%s) FOR UPDATE", [[node.pk for node, _ in blockers]]
+    )
+    first = []
+    for count, (_, credential) in enumerate(blockers, start=1):
+        first.append(send(credential, None))
+        wait_for_blocked(watcher, count)
+    return first
 
 
 def test_heartbeats_sent_together_are_written_in_fewer_statements_each_answered_with_its_own_node(
     send, statements
 ):
-    blocker, blocker_credential = make_node(name="blocker")
+    blockers = [make_node(name=f"blocker-{i}") for i in range(BATCHES_IN_FLIGHT)]
     nodes = [make_node(name=f"n-{i}") for i in range(12)]
     # Recovery rides in the batch too: a stale and an offline node come back online with their events,
     # and their liveness alerts are cleared.
@@ -129,29 +147,24 @@ def test_heartbeats_sent_together_are_written_in_fewer_statements_each_answered_
         )
     before = statements()
     with database_session() as holder, database_session() as watcher:
-        holder.execute("BEGIN")
-        holder.execute(f"SELECT 1 FROM {NODE_TABLE} WHERE id = %s FOR UPDATE", [blocker.pk])
-        first = send(blocker_credential, None)
-        wait_for(lambda: blocked_batches(watcher))
-        # Every one of these arrives while the first batch waits; the node of the first is sent again too
-        # (a credential already in a batch waits for the next one).
+        first = hold_every_writer(send, holder, watcher, blockers)
+        # Every one of these arrives while the batches in flight wait; the first blocker is sent again too
+        # (a credential in a batch being written waits for a later one).
         reports = {credential: heartbeat_report(gpus=1 + i % 3) for i, (_, credential) in enumerate(nodes)}
         answers = [send(credential, report) for credential, report in reports.items()]
-        again = send(blocker_credential, heartbeat_report(gpus=4))
+        again = send(blockers[0][1], heartbeat_report(gpus=4))
         time.sleep(1.0)
-        assert not first.done() and not any(a.done() for a in answers)  # nothing answered before its commit
+        waiting = [*first, *answers, again]
+        assert not any(f.done() for f in waiting)  # nothing is answered before its commit
         holder.execute("COMMIT")
-    first_answer = first.result()
-    assert first_answer.status_code == 200, first_answer.text
-    assert first_answer.json()["node_id"] == str(blocker.pk)
-    for (node, _), answer in zip(nodes, answers, strict=True):
+    for (node, _), answer in zip(blockers + nodes, first + answers, strict=True):
         response = answer.result()
         assert response.status_code == 200, response.text
         assert response.json()["node_id"] == str(node.pk)
         assert response.json()["liveness"] == "online"
     assert again.result().status_code == 200
-    # 14 heartbeats: the blocked one alone, then the 12 (and possibly the repeat) together.
-    assert statements() - before <= 3
+    # The batches in flight, then the 12 together (and the repeat, with them or after them).
+    assert statements() - before <= BATCHES_IN_FLIGHT + 2
     for node, credential in nodes:
         node.refresh_from_db()
         assert node.liveness == "online" and node.last_heartbeat_at is not None
@@ -159,11 +172,11 @@ def test_heartbeats_sent_together_are_written_in_fewer_statements_each_answered_
         assert list(GPU.objects.filter(node=node).order_by("index").values_list("index", flat=True)) == [
             g["index"] for g in gpus
         ]
-    assert GPU.objects.filter(node=blocker).count() == 4  # the repeat was written after the first
+    assert GPU.objects.filter(node=blockers[0][0]).count() == 4  # the repeat was written after the first
     events = NodeEvent.objects.filter(kind="liveness", detail="heartbeat")
     assert sorted(events.values_list("node_id", "from_liveness", "to_liveness")) == sorted(
         [(stale.pk, "stale", "online"), (offline.pk, "offline", "online")]
-        + [(node.pk, "pending", "online") for node in [blocker] + [n for n, _ in nodes[2:]]]
+        + [(node.pk, "pending", "online") for node, _ in blockers + nodes[2:]]
     )
     assert not Alert.objects.filter(node_alerts(stale, offline), cleared_at__isnull=True).exists()
 
@@ -178,38 +191,46 @@ def node_alerts(*nodes: Node) -> Any:
 
 
 def test_a_batch_that_fails_answers_each_caller_with_a_named_error_and_writes_nothing(send, statements):
-    blocker, blocker_credential = make_node(name="blocker")
+    blockers = [make_node(name=f"blocker-{i}") for i in range(BATCHES_IN_FLIGHT)]
     nodes = [make_node(name=f"n-{i}") for i in range(5)]
+    everyone = blockers + nodes
     with database_session() as holder, database_session() as watcher:
+        # Every node's row is held: whichever batch the heartbeats land in, it waits.
+        first: list[Future[httpx.Response]] = []
         holder.execute("BEGIN")
-        holder.execute(f"SELECT 1 FROM {NODE_TABLE} WHERE id = %s FOR UPDATE", [blocker.pk])
-        first = send(blocker_credential, None)
-        wait_for(lambda: blocked_batches(watcher))
-        answers = [send(credential, None) for _, credential in nodes] + [send(blocker_credential, None)]
+        holder.execute(
+            f"SELECT 1 FROM {NODE_TABLE} WHERE id = ANY(%s) FOR UPDATE", [[node.pk for node, _ in everyone]]
+        )
+        for count, (_, credential) in enumerate(blockers, start=1):
+            first.append(send(credential, None))
+            wait_for_blocked(watcher, count)
+        answers = [send(credential, None) for _, credential in nodes] + [send(blockers[0][1], None)]
         time.sleep(1.0)
-        # The database ends the batch's session (as a restart would), twice: the batch and its one retry
-        # on a fresh connection. Then the next batch, which holds the other six, the same way.
-        for _ in range(4):
-            terminate_the_blocked_batch(watcher)
-        responses = [first.result()] + [a.result() for a in answers]
+        # The database ends each waiting batch's session (as a restart would): every batch, and the retry
+        # each makes on a fresh connection, until every caller has its answer.
+        waiting = first + answers
+        while not all(f.done() for f in waiting):
+            for pid in blocked_batches(watcher):
+                watcher.execute("SELECT pg_terminate_backend(%s)", [pid])
+            time.sleep(0.05)
         holder.execute("COMMIT")
-    for response in responses:
+    for response in (f.result() for f in waiting):
         assert response.status_code == 503, response.text
         body = response.json()
         assert body["code"] == codes.HEARTBEAT_NOT_RECORDED
         assert set(body) == {"code", "message", "correlation_id"}
         assert response.headers["Retry-After"] == "1"
-    for node in [blocker] + [n for n, _ in nodes]:
+    for node, _ in everyone:
         node.refresh_from_db()
         assert node.last_heartbeat_at is None and node.liveness == "pending"  # nothing answered was written
     # Nothing is lost for good: the next heartbeats are written and answered.
-    later = [send(credential, None) for _, credential in [(blocker, blocker_credential), *nodes]]
-    assert [f.result().status_code for f in later] == [200] * 6
-    assert Node.objects.filter(liveness="online").count() == 6
+    later = [send(credential, None) for _, credential in everyone]
+    assert [f.result().status_code for f in later] == [200] * len(everyone)
+    assert Node.objects.filter(liveness="online").count() == len(everyone)
 
 
 def test_a_heartbeat_the_database_refuses_fails_alone_and_the_rest_of_its_batch_is_written(send, statements):
-    blocker, blocker_credential = make_node(name="blocker")
+    blockers = [make_node(name=f"blocker-{i}") for i in range(BATCHES_IN_FLIGHT)]
     nodes = [make_node(name=f"n-{i}") for i in range(4)]
     hot = heartbeat_report(gpus=1)
     hot["gpus"][0]["temperature_c"] = 120  # valid at the boundary; a constraint of this test refuses it
@@ -219,15 +240,12 @@ def test_a_heartbeat_the_database_refuses_fails_alone_and_the_rest_of_its_batch_
         )
     try:
         with database_session() as holder, database_session() as watcher:
-            holder.execute("BEGIN")
-            holder.execute(f"SELECT 1 FROM {NODE_TABLE} WHERE id = %s FOR UPDATE", [blocker.pk])
-            first = send(blocker_credential, None)
-            wait_for(lambda: blocked_batches(watcher))
+            first = hold_every_writer(send, holder, watcher, blockers)
             answers = [send(credential, hot if i == 2 else None) for i, (_, credential) in enumerate(nodes)]
             time.sleep(1.0)
             before = statements()
             holder.execute("COMMIT")
-            assert first.result().status_code == 200
+            assert [f.result().status_code for f in first] == [200] * BATCHES_IN_FLIGHT
             responses = [a.result() for a in answers]
     finally:
         with connection.cursor() as cursor:
@@ -238,7 +256,7 @@ def test_a_heartbeat_the_database_refuses_fails_alone_and_the_rest_of_its_batch_
     assert statements() - before == 5
     states = {n.name: (n.liveness, n.last_heartbeat_at is not None) for n in Node.objects.all()}
     assert states == {
-        "blocker": ("online", True),
+        **{node.name: ("online", True) for node, _ in blockers},
         "n-0": ("online", True),
         "n-1": ("online", True),
         "n-2": ("pending", False),
