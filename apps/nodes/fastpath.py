@@ -1,8 +1,9 @@
 """``POST /api/v1/agent/heartbeat`` as a lean ASGI endpoint mounted beside Django.
 
 Every node reports every few seconds, so this is the control plane's hottest write. It skips Django's
-middleware and view stack (sessions, CSRF, messages: nothing a node uses) and answers with one SQL
-statement on an async psycopg pool, while keeping the platform's contract (modelforge/lean.py): the
+middleware and view stack (sessions, CSRF, messages: nothing a node uses) and writes the heartbeats that
+arrive together as one SQL statement on an async psycopg pool (``HeartbeatBatcher``; each is answered
+after that statement commits), while keeping the platform's contract (modelforge/lean.py): the
 correlation id, the error envelope, the exact ``Internal Server Error`` body, a bounded request size.
 bench/heartbeats measures it; docs/DECISIONS.md says why it exists.
 """
