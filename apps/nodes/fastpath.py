@@ -120,8 +120,6 @@ class HeartbeatBatcher:
         self._busy: set[str] = set()  # credentials in a batch being written
         self._writing = 0  # writers running; counted down in the very step that finds nothing pending
         self._tasks: set[asyncio.Task[None]] = set()  # held, so a running writer is never collected
-        self.batches = 0  # statements run (a split batch counts each of its single statements)
-        self.heartbeats = 0  # heartbeats those statements carried
 
     async def record(self, row: HeartbeatRow) -> Row | None:
         future: asyncio.Future[Row | None] = asyncio.get_running_loop().create_future()
@@ -168,8 +166,6 @@ class HeartbeatBatcher:
         for position, (row, _) in enumerate(batch):
             row.k = position
         try:
-            self.batches += 1
-            self.heartbeats += len(batch)
             written = await self._execute([row for row, _ in batch])
         except psycopg.OperationalError as exc:
             error = NotRecorded(f"{type(exc).__name__}: {exc}".strip())
@@ -197,23 +193,27 @@ class HeartbeatEndpoint:
 
     def __init__(self, *, in_flight: int = BATCHES_IN_FLIGHT, max_batch: int = MAX_BATCH) -> None:
         self._pool: Any = None
+        self._opening = asyncio.Lock()  # the two writers' first batches open one pool, not one each
         self.batcher = HeartbeatBatcher(self._write, in_flight=in_flight, max_batch=max_batch)
 
     async def _get_pool(self) -> Any:
-        if self._pool is None:
-            from psycopg_pool import AsyncConnectionPool
+        if self._pool is not None:
+            return self._pool
+        async with self._opening:
+            if self._pool is None:
+                from psycopg_pool import AsyncConnectionPool
 
-            kwargs = {k: v for k, v in _conninfo().items() if v is not None}
-            kwargs["options"] = f"{kwargs.get('options', '')} {PLANNER_OPTIONS}".strip()
-            pool = AsyncConnectionPool(
-                kwargs={**kwargs, "autocommit": True},
-                min_size=1,
-                max_size=settings.DATABASE_POOL_SIZE,
-                timeout=5,
-                open=False,
-            )
-            await pool.open()
-            self._pool = pool
+                kwargs = {k: v for k, v in _conninfo().items() if v is not None}
+                kwargs["options"] = f"{kwargs.get('options', '')} {PLANNER_OPTIONS}".strip()
+                pool = AsyncConnectionPool(
+                    kwargs={**kwargs, "autocommit": True},
+                    min_size=1,
+                    max_size=settings.DATABASE_POOL_SIZE,
+                    timeout=5,
+                    open=False,
+                )
+                await pool.open()
+                self._pool = pool
         return self._pool
 
     async def _write(self, rows: list[HeartbeatRow]) -> dict[int, Row]:
