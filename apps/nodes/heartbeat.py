@@ -6,7 +6,8 @@ and a NUL in any string is refused before PostgreSQL would), then checked across
 managed ≤ used, ...). Recording is a single SQL statement, so a heartbeat is atomic (nothing
 half-written) and costs one round trip: it authenticates the credential, updates the node, upserts its
 GPUs, drops GPUs no longer reported and, when the node was not online, writes the transition's event row
-and clears its liveness alerts.
+and clears its liveness alerts. The statement takes a batch: the endpoint writes the heartbeats that arrive
+together in one statement and one commit, and answers each once that commit is done.
 
 The serving path is the lean ASGI endpoint in ``apps.nodes.fastpath`` (the heartbeat benchmark is why);
 ``record_heartbeat`` runs the same statement through Django's connection for in-process callers.
@@ -139,25 +140,40 @@ def _cross_field_problems(report: HeartbeatReport) -> Any:
             yield "agent_url: not an http(s) URL - at `$.agent_url`"
 
 
-# Table and column names are ours; every value is a parameter.
+# Table and column names are ours; the batch is the one parameter. A batch is the heartbeats one web process
+# received while its previous batch was being written (apps.nodes.fastpath.HeartbeatBatcher), as one JSON
+# text: one statement and one commit for all of them. Each heartbeat keeps its own time and its position
+# ``k``, which comes back with its node row; a heartbeat whose credential matches no node returns no row.
+# No two heartbeats of a batch carry the same credential (the GPU upsert could not touch a row twice).
+# Node rows are locked in id order, so two batches that share nodes wait for each other, never deadlock.
+# The planner takes jsonb_to_recordset for 100 rows and would hash-join whole tables (a sequential scan of
+# every node and every GPU per batch, measured); the endpoint's connections run it with nested loops on
+# the indexes and one generic plan (``fastpath.PLANNER_OPTIONS``).
 HEARTBEAT_SQL = f"""
-WITH before AS (
-    SELECT id, liveness FROM {Node._meta.db_table} WHERE credential_hash = %(credential_hash)s FOR UPDATE
+WITH h AS MATERIALIZED (
+    SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb) AS h(
+        k int, credential_hash text, at timestamptz, agent_version text, agent_url text, accelerator text,
+        cpu_count int, load_1m float8, memory_total bigint, memory_available bigint, shm_total bigint,
+        shm_free bigint, models jsonb, gpus jsonb)
+), before AS (
+    SELECT n.id, n.liveness, h.*
+    FROM h JOIN {Node._meta.db_table} AS n ON n.credential_hash = h.credential_hash
+    ORDER BY n.id FOR UPDATE OF n
 ), node AS (
     UPDATE {Node._meta.db_table} AS n
-    SET last_heartbeat_at = %(now)s, liveness = '{Liveness.ONLINE}', agent_version = %(agent_version)s,
-        agent_url = COALESCE(NULLIF(%(agent_url)s, ''), n.agent_url), accelerator = %(accelerator)s,
-        cpu_count = %(cpu_count)s, load_1m = %(load_1m)s,
-        memory_total_bytes = %(memory_total)s, memory_available_bytes = %(memory_available)s,
-        shm_total_bytes = %(shm_total)s, shm_free_bytes = %(shm_free)s, models_present = %(models)s::jsonb
-    FROM before WHERE n.id = before.id
-    RETURNING n.id, n.enabled, before.liveness AS was
+    SET last_heartbeat_at = b.at, liveness = '{Liveness.ONLINE}', agent_version = b.agent_version,
+        agent_url = COALESCE(NULLIF(b.agent_url, ''), n.agent_url), accelerator = b.accelerator,
+        cpu_count = b.cpu_count, load_1m = b.load_1m,
+        memory_total_bytes = b.memory_total, memory_available_bytes = b.memory_available,
+        shm_total_bytes = b.shm_total, shm_free_bytes = b.shm_free, models_present = b.models
+    FROM before AS b WHERE n.id = b.id
+    RETURNING n.id, n.enabled, b.liveness AS was, b.k, b.at, b.gpus
 ), gpus AS (
     INSERT INTO {GPU._meta.db_table} (node_id, "index", uuid, name, memory_total_bytes, memory_used_bytes,
                                       memory_managed_bytes, utilization_percent, temperature_c, reported_at)
     SELECT node.id, g."index", g.uuid, g.name, g.memory_total_bytes, g.memory_used_bytes,
-           g.memory_managed_bytes, g.utilization_percent, g.temperature_c, %(now)s
-    FROM node, jsonb_to_recordset(%(gpus)s::jsonb) AS g(
+           g.memory_managed_bytes, g.utilization_percent, g.temperature_c, node.at
+    FROM node, jsonb_to_recordset(node.gpus) AS g(
         "index" int, uuid text, name text, memory_total_bytes bigint, memory_used_bytes bigint,
         memory_managed_bytes bigint, utilization_percent int, temperature_c int)
     ON CONFLICT (node_id, "index") DO UPDATE SET
@@ -168,47 +184,74 @@ WITH before AS (
 ), pruned AS (
     DELETE FROM {GPU._meta.db_table} AS d USING node
     WHERE d.node_id = node.id
-      AND d."index" NOT IN (SELECT (e ->> 'index')::int FROM jsonb_array_elements(%(gpus)s::jsonb) AS e)
+      AND d."index" NOT IN (SELECT (e ->> 'index')::int FROM jsonb_array_elements(node.gpus) AS e)
 ), event AS (
     INSERT INTO {NodeEvent._meta.db_table} (node_id, kind, from_liveness, to_liveness, at, detail)
-    SELECT id, '{EventKind.LIVENESS}', was, '{Liveness.ONLINE}', %(now)s, 'heartbeat' FROM node
+    SELECT id, '{EventKind.LIVENESS}', was, '{Liveness.ONLINE}', at, 'heartbeat' FROM node
     WHERE was <> '{Liveness.ONLINE}'
 ), cleared AS (
-    UPDATE {Alert._meta.db_table} AS a SET cleared_at = %(now)s FROM node
-    WHERE node.was <> '{Liveness.ONLINE}' AND a.cleared_at IS NULL
-      AND a.dedup_key IN ('{codes.ALERT_NODE_STALE}:node:' || node.id::text,
-                          '{codes.ALERT_NODE_OFFLINE}:node:' || node.id::text)
+    UPDATE {Alert._meta.db_table} AS a SET cleared_at = due.at
+    FROM (
+        SELECT node.at, unnest(ARRAY['{codes.ALERT_NODE_STALE}:node:' || node.id::text,
+                                     '{codes.ALERT_NODE_OFFLINE}:node:' || node.id::text]) AS dedup_key
+        FROM node WHERE node.was <> '{Liveness.ONLINE}'
+    ) AS due
+    WHERE a.dedup_key = due.dedup_key AND a.cleared_at IS NULL
 )
-SELECT id, enabled, was FROM node
+SELECT k, id, enabled, was FROM node
 """  # noqa: S608
 
 
-def heartbeat_params(credential: str, report: HeartbeatReport, now: datetime) -> dict[str, Any]:
-    # GPUs and models travel as one JSON text each: far cheaper to send than eight typed arrays.
-    return {
-        "credential_hash": digest(credential),
-        "now": now,
-        "agent_version": report.agent_version,
-        "agent_url": report.agent_url,
-        "accelerator": report.accelerator,
-        "cpu_count": report.cpu.count,
-        "load_1m": report.cpu.load_1m,
-        "memory_total": report.memory.total_bytes,
-        "memory_available": report.memory.available_bytes,
-        "shm_total": report.shm.total_bytes,
-        "shm_free": report.shm.free_bytes,
-        "models": _encode(report.models_present).decode(),
-        "gpus": _encode(report.gpus).decode(),
-    }
+class HeartbeatRow(msgspec.Struct):
+    """One heartbeat of a batch, as the statement reads it (field names are the recordset's columns)."""
+
+    k: int
+    credential_hash: str
+    at: datetime
+    agent_version: str
+    agent_url: str
+    accelerator: str
+    cpu_count: int
+    load_1m: float
+    memory_total: int
+    memory_available: int
+    shm_total: int
+    shm_free: int
+    models: list[ModelPresentReport]
+    gpus: list[GpuReport]
+
+
+def heartbeat_row(credential_hash: str, report: HeartbeatReport, now: datetime, k: int = 0) -> HeartbeatRow:
+    return HeartbeatRow(
+        k=k,
+        credential_hash=credential_hash,
+        at=now,
+        agent_version=report.agent_version,
+        agent_url=report.agent_url,
+        accelerator=report.accelerator,
+        cpu_count=report.cpu.count,
+        load_1m=report.cpu.load_1m,
+        memory_total=report.memory.total_bytes,
+        memory_available=report.memory.available_bytes,
+        shm_total=report.shm.total_bytes,
+        shm_free=report.shm.free_bytes,
+        models=report.models_present,
+        gpus=report.gpus,
+    )
+
+
+def batch_params(rows: list[HeartbeatRow]) -> dict[str, str]:
+    """The whole batch as one JSON text: one parameter to send, however many heartbeats."""
+    return {"batch": _encode(rows).decode()}
 
 
 def record_heartbeat(credential: str, report: HeartbeatReport, now: datetime) -> tuple[str, bool, str] | None:
     """Record through Django's connection; ``(node id, enabled, liveness before)``, or ``None`` when the
-    credential is unknown. The ASGI endpoint runs the very same statement asynchronously."""
+    credential is unknown. The ASGI endpoint runs the very same statement, a batch at a time."""
     with connection.cursor() as cursor:
-        cursor.execute(HEARTBEAT_SQL, heartbeat_params(credential, report, now))
+        cursor.execute(HEARTBEAT_SQL, batch_params([heartbeat_row(digest(credential), report, now)]))
         row = cursor.fetchone()
-    return (str(row[0]), row[1], row[2]) if row else None
+    return (str(row[1]), row[2], row[3]) if row else None
 
 
 def report_schema() -> dict[str, Any]:
