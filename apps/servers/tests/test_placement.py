@@ -366,3 +366,44 @@ def test_the_api_refuses_a_pinned_start_on_a_node_without_the_model(operator_cli
     assert refusal.status_code == 409
     assert refusal.json()["code"] == "model_not_present_on_node"
     assert "Replicate the model to that node first." in refusal.json()["message"]
+
+
+@pytest.mark.parametrize("strategy", ["spread", "pack"])
+def test_a_node_whose_reservations_fill_it_is_not_ranked_on_its_report(settings, strategy):
+    # The one-GPU ranking aggregates reported headroom and replaces a reserved node's numbers with its
+    # exact ones: a node that looks best on its report but whose reservations fill it must not be ranked.
+    settings.PLACEMENT_STRATEGY = strategy
+    gpu_node("a-filled", [(24, 0, 0), (24, 10, 0)])
+    gpu_node("b-other", [(24, 6, 0)])
+    # Fill a-filled: 17.8 GiB each on both GPUs (its report still says 24 and 14 GiB free).
+    place(gpu_request("fill-0", weights_gib=14, node="a-filled"))
+    place(gpu_request("fill-1", weights_gib=7.5, node="a-filled"))  # 10 GiB: GPU 1 (14 free) or GPU 0 (6.2)
+    # Left: a-filled 6.2 and 4.0 GiB, b-other 18 GiB; 11.8 GiB fits only b-other.
+    assert placed_on(place(gpu_request("next", weights_gib=9))) == "b-other"
+    assert refused(gpu_request("last", weights_gib=9)).code == "CAPACITY_CONSTRAINED"
+
+
+@pytest.mark.parametrize("strategy", ["spread", "pack"])
+def test_the_one_gpu_ranking_returns_the_rows_of_the_general_ranking(settings, strategy):
+    # _RANK_ONE_GPU is a faster shape of _ranking(gpus=True, single=True): same rows, same order, over a
+    # fleet with reservations, an ineligible node, a node without the model and GPUs too small.
+    from apps.servers import scheduler
+
+    settings.PLACEMENT_STRATEGY = strategy
+    for i in range(16):
+        gpu_node(f"n-{i:02d}", [(24, (i * 5) % 20, 0), (48, (i * 7) % 40, 0), (16, 15, 0)])
+    gpu_node("off", [(80, 0, 0)], enabled=False)
+    gpu_node("elsewhere", [(80, 0, 0)], models=["other"])
+    for i in range(12):
+        place(gpu_request(f"r-{i}", weights_gib=2 + i))
+    profile = scheduler._profile("test-echo-gpu")
+    general = scheduler._ranking(gpus=True, single=True)
+    for weights_gib in (1, 4, 10, 20, 30, 60):
+        need, _ = profile.memory_need(int(weights_gib * GIB), 1)
+        params = scheduler._ranking_params(profile, 1, need, timezone.now(), None, "m1", None)
+        with connection.cursor() as cursor:
+            cursor.execute(general, params)
+            expected = cursor.fetchall()
+            cursor.execute(scheduler._RANK_ONE_GPU[strategy == "spread"], params)
+            assert cursor.fetchall() == expected, weights_gib
+        assert expected or weights_gib > 10  # the small needs do fit somewhere
