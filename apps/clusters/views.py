@@ -89,7 +89,7 @@ def credential_mint(request: HttpRequest) -> HttpResponse:
 def credential_detail(request: HttpRequest, pk: int) -> HttpResponse:
     """A credential: its limits (a form through the API's serializer) and what it uses now."""
     from apps.clusters.api.serializers import LIMIT_FIELDS
-    from apps.gateway.limits import current_use
+    from apps.clusters.limits import current_use
 
     credential = get_object_or_404(ClientCredential, pk=pk)
     use = current_use(str(credential.pk))

@@ -114,7 +114,7 @@ class ClientCredentialViewSet(
     @action(detail=True, methods=["get"])
     def use(self, request: Request, pk: Any = None) -> Response:
         """What the credential uses now, as its limits count it (Redis)."""
-        from apps.gateway.limits import current_use
+        from apps.clusters.limits import current_use
 
         return Response(current_use(str(self.get_object().pk)))
 

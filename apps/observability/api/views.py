@@ -164,12 +164,19 @@ class UsageCSVRenderer(BaseRenderer):
         return out.getvalue().encode()
 
 
+_GROUP = "(" + "|".join(usage.GROUPS) + ")"
+GROUP_BY_PATTERN = rf"^{_GROUP}(,{_GROUP})*$"
+
+
 class UsageQuerySerializer(serializers.Serializer):
     days = serializers.IntegerField(min_value=1, max_value=3650, default=1, help_text="How far back.")
     granularity = serializers.ChoiceField(choices=list(usage.GRANULARITIES), default="hour")
-    group_by = serializers.CharField(
+    group_by = serializers.RegexField(
+        GROUP_BY_PATTERN,
         default="credential,capability",
+        max_length=200,
         help_text="Comma-separated, any of: " + ", ".join(usage.GROUPS) + ".",
+        error_messages={"invalid": "group_by takes a comma-separated list of " + ", ".join(usage.GROUPS)},
     )
     credential = serializers.CharField(max_length=64, required=False)
     project = serializers.CharField(max_length=63, required=False)
