@@ -23,6 +23,7 @@ blip must not become an outage of every limited credential.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import math
 import time
@@ -35,6 +36,7 @@ import redis.asyncio as aioredis
 
 from apps.clusters import codes
 from apps.clusters.limits import IN_FLIGHT_TTL_S, KEY, keys
+from apps.gateway.resp import LeanRedis, RespError
 
 logger = logging.getLogger("modelforge.gateway")
 
@@ -99,6 +101,9 @@ end
 return {0}
 """
 
+# Redis names a script by its SHA-1 (EVALSHA): an identifier, not a security measure.
+ADMIT_SHA = hashlib.sha1(ADMIT.encode(), usedforsecurity=False).hexdigest()
+
 MESSAGES = {
     "requests_per_minute": "The credential's limit of {limit} requests per minute is reached.",
     "tokens_per_minute": "The credential's limit of {limit} tokens per minute is reached.",
@@ -128,8 +133,19 @@ class Limiter:
 
     def __init__(self) -> None:
         self._client: aioredis.Redis | None = None
+        self._lean: LeanRedis | None = None
         self._script: object = None
         self.redis_ok = True
+
+    def lean(self) -> LeanRedis | None:
+        """The lean client (apps/gateway/resp.py) for a plain ``redis://`` URL; None: use redis-py."""
+        if self._lean is None:
+            from django.conf import settings
+
+            if not LeanRedis.supports(settings.CELERY_BROKER_URL):
+                return None
+            self._lean = LeanRedis(settings.CELERY_BROKER_URL)
+        return self._lean
 
     def client(self) -> aioredis.Redis:
         if self._client is None:
@@ -164,10 +180,14 @@ class Limiter:
             month,
         ]
         try:
-            if self._script is None:
-                self._script = self.client().register_script(ADMIT)
-            answer = await self._script(keys=keys(credential, now), args=argv)  # type: ignore[operator]
-        except (redis.RedisError, OSError) as exc:
+            lean = self.lean()
+            if lean is not None:
+                answer = await lean.evalsha(ADMIT_SHA, ADMIT, keys(credential, now), argv)
+            else:
+                if self._script is None:
+                    self._script = self.client().register_script(ADMIT)
+                answer = await self._script(keys=keys(credential, now), args=argv)  # type: ignore[operator]
+        except (redis.RedisError, OSError, RespError) as exc:
             if self.redis_ok:
                 logger.warning(
                     "Redis unreachable (%s): credential limits are not enforced until it answers",
@@ -188,8 +208,15 @@ class Limiter:
         )
 
     async def release(self, credential: str, call: str) -> None:
-        with contextlib.suppress(redis.RedisError, OSError):  # else forgotten after IN_FLIGHT_TTL_S
-            await self.client().zrem(KEY.format(credential=credential, what="in-flight"), call)
+        in_flight = KEY.format(credential=credential, what="in-flight")
+        with contextlib.suppress(
+            redis.RedisError, OSError, RespError
+        ):  # else forgotten after IN_FLIGHT_TTL_S
+            lean = self.lean()
+            if lean is not None:
+                await lean.command("ZREM", in_flight, call)
+            else:
+                await self.client().zrem(in_flight, call)
 
 
 def add_tokens(pipe: object, credential: str, tokens: int, now: float) -> None:

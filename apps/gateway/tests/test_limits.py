@@ -19,6 +19,7 @@ from django.contrib.auth.models import User
 from apps.clusters.models import ClientCredential
 from apps.clusters.tests.factories import bind, credential, echo_backend, loopback_node, running_server
 from apps.gateway.limits import Limiter, Limits
+from apps.gateway.resp import LeanRedis
 from tests.fixtures import (
     PYTHON,
     LiveWeb,
@@ -198,6 +199,7 @@ def test_with_redis_away_a_limited_call_is_admitted_and_said_so(caplog):
     import redis.asyncio as aioredis
 
     limiter._client = aioredis.Redis(port=free_port(), socket_connect_timeout=0.2)
+    limiter._lean = LeanRedis(f"redis://127.0.0.1:{free_port()}/0")
     admitted: list[str | None] = []
 
     async def admit() -> None:

@@ -1,0 +1,87 @@
+"""The gateway's lean Redis client (apps/gateway/resp.py), against the real Redis: replies parsed across
+any cut, error replies, the script loaded on NOSCRIPT, commands pipelined in order, and a lost or silent
+server failing the calls waiting on it (then a new connection)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+
+import pytest
+import redis
+from django.conf import settings
+
+from apps.gateway.resp import LeanRedis, RespError, RespUnavailable, encode, parse
+from tests.fixtures import free_port, run_in_own_loop
+
+
+def test_replies_are_parsed_whole_or_not_at_all():
+    stream = b"+OK\r\n-ERR wrong\r\n:42\r\n$5\r\nhello\r\n$-1\r\n*3\r\n:0\r\n$3\r\nabc\r\n*1\r\n:7\r\n"
+    replies, at = [], 0
+    while (found := parse(stream, at)) is not None:
+        reply, at = found
+        replies.append(reply)
+    assert replies[0] == b"OK" and isinstance(replies[1], RespError) and str(replies[1]) == "ERR wrong"
+    assert replies[2:] == [42, b"hello", None, [0, b"abc", [7]]]
+    for cut in range(1, len(stream)):  # a reply cut anywhere is incomplete, never a wrong reply
+        parsed, at = [], 0
+        while (found := parse(stream[:cut], at)) is not None:
+            reply, at = found
+            parsed.append(reply)
+        assert [str(r) if isinstance(r, RespError) else r for r in parsed] == [
+            str(r) if isinstance(r, RespError) else r for r in replies[: len(parsed)]
+        ], cut
+        assert len(parsed) < len(replies)
+    assert encode("SET", "k", 5) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\n5\r\n"
+
+
+def test_a_script_runs_by_digest_and_is_loaded_when_the_server_lacks_it():
+    script = "return {tonumber(ARGV[1]) + 1, KEYS[1]}"
+    import hashlib
+
+    sha = hashlib.sha1(script.encode(), usedforsecurity=False).hexdigest()
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).script_flush()
+    results: list[object] = []
+
+    async def main() -> None:
+        client = LeanRedis(settings.CELERY_BROKER_URL)
+        results.append(await client.evalsha(sha, script, ["k1"], [41]))  # NOSCRIPT, then EVAL
+        results.append(await client.evalsha(sha, script, ["k2"], [1]))
+        # Pipelined on one connection, answered in order.
+        results.append(await asyncio.gather(*(client.command("ECHO", i) for i in range(50))))
+        with pytest.raises(RespError):
+            await client.command("NOSUCHCOMMAND")
+        results.append(await client.command("PING"))  # the connection goes on after an error reply
+
+    run_in_own_loop(main)
+    assert results[0] == [42, b"k1"] and results[1] == [2, b"k2"]
+    assert results[2] == [str(i).encode() for i in range(50)]
+    assert results[3] == b"PONG"
+
+
+def test_a_silent_or_absent_server_fails_the_waiting_calls_and_a_new_connection_follows():
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)
+    accepted: list[socket.socket] = []
+    threading.Thread(target=lambda: accepted.append(silent.accept()[0]), daemon=True).start()
+    outcomes: list[str] = []
+
+    async def main() -> None:
+        client = LeanRedis(f"redis://127.0.0.1:{silent.getsockname()[1]}/0", timeout=0.2)
+        for attempt in (client.command("PING"), client.command("PING")):
+            try:
+                await attempt
+            except RespUnavailable as exc:
+                outcomes.append(str(exc))
+        away = LeanRedis(f"redis://127.0.0.1:{free_port()}/0", timeout=0.2)
+        try:
+            await away.command("PING")
+        except RespUnavailable as exc:
+            outcomes.append(str(exc))
+
+    run_in_own_loop(main)
+    silent.close()
+    assert outcomes[0].startswith("no reply within") and len(outcomes) == 3
+    assert outcomes[2].startswith("cannot connect")
