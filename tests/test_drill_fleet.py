@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -147,7 +148,11 @@ def test_two_of_three_agents_killed_at_once_are_held_until_an_operator_confirms(
     for name in ("drill-a", "drill-b"):
         three_agents[name].process.kill()
         three_agents[name].process.wait(10)
-
+    # "At once" is one sweep: both past the offline limit when it looks. Each agent's last heartbeat has
+    # its own phase (up to an interval apart), so a sweep every 0.5 s from the kill could see them one by
+    # one, each a single node; the guard is drilled with the sweep arriving after both went silent.
+    settings.NODE_STALE_AFTER, settings.NODE_OFFLINE_AFTER = 2, 3
+    time.sleep(settings.NODE_OFFLINE_AFTER + 1.5)
     assert sweep_until(
         settings, lambda: open_alert("NODE_MASS_LOSS", "fleet liveness") is not None, timeout=60
     )
