@@ -155,7 +155,7 @@ def roll_up_usage(now: float | None = None) -> int | None:
 
     import redis
 
-    from apps.gateway.usage import USAGE_KEEP_S, USAGE_KEY, USAGE_ROLLED_KEY, split_field
+    from apps.gateway.usage import METRICS, USAGE_KEEP_S, USAGE_KEY, USAGE_ROLLED_KEY, split_field
 
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=0.5, socket_timeout=2)
     last = int(((now or time.time()) - USAGE_SETTLE_S) // 60) - 1  # the last complete minute
@@ -194,17 +194,7 @@ def roll_up_usage(now: float | None = None) -> int | None:
             batch_size=2000,
             update_conflicts=True,
             unique_fields=["minute", "credential", "capability", "backend"],
-            update_fields=[
-                "project",
-                "requests",
-                "errors",
-                "unmetered",
-                "prompt_tokens",
-                "completion_tokens",
-                "ttft_ms",
-                "ttft_count",
-                "latency_ms",
-            ],
+            update_fields=["project", *METRICS],
         )
     with contextlib.suppress(redis.RedisError, OSError):
         client.set(USAGE_ROLLED_KEY, last)

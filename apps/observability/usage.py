@@ -11,21 +11,13 @@ from django.db import DatabaseError
 from django.db.models import Sum
 from django.db.models.functions import TruncDay, TruncHour, TruncMinute
 
+from apps.gateway.usage import METRICS
 from apps.observability.models import UsageSample
 from apps.observability.sampling import ObservabilityUnavailable
 
 GROUPS = ("credential", "project", "capability", "backend")
 GRANULARITIES = {"minute": TruncMinute, "hour": TruncHour, "day": TruncDay}
-SUMMED = (
-    "requests",
-    "errors",
-    "unmetered",
-    "prompt_tokens",
-    "completion_tokens",
-    "ttft_ms",
-    "ttft_count",
-    "latency_ms",
-)
+SUMMED = METRICS  # every counter the gateway keeps per minute (apps/gateway/usage.py)
 COLUMNS = (
     "period",
     "credential",
