@@ -81,9 +81,10 @@ class RoutingTierAdmin(admin.ModelAdmin):
 
 @admin.register(ClientCredential)
 class ClientCredentialAdmin(admin.ModelAdmin):
-    list_display = ("name", "display_prefix", "project", "expires_at", "revoked_at")
+    list_display = ("name", "kind", "display_prefix", "project", "expires_at", "revoked_at")
+    list_filter = ("kind",)
     # Scopes are written exactly through the API's validation; the admin shows them, never edits them.
-    readonly_fields = ("display_prefix", "scopes", "created_at", "created_by", "revoked_at")
+    readonly_fields = ("kind", "display_prefix", "scopes", "created_at", "created_by", "revoked_at")
     exclude = ("secret_hash",)
 
     def has_add_permission(self, request):

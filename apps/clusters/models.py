@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
-from apps.clusters.choices import Algorithm
+from apps.clusters.choices import Algorithm, CredentialKind
 from apps.servers.models import ModelServer
 
 CAPABILITY = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}@[1-9][0-9]{0,5}$")
@@ -129,11 +129,13 @@ class ClientCredentialManager(models.Manager["ClientCredential"]):
         expires_at: datetime | None = None,
         created_by: Any = None,
         limits: dict[str, int | None] | None = None,
+        kind: str = CredentialKind.CLIENT,
     ) -> tuple[ClientCredential, str]:
         plain = CREDENTIAL_PREFIX + secrets.token_urlsafe(32)
         credential = self.create(
             **(limits or {}),
             name=name,
+            kind=kind,
             display_prefix=plain[:12],
             secret_hash=digest(plain),
             scopes=sorted(set(scopes)),
@@ -152,6 +154,11 @@ class ClientCredential(models.Model):
     secret_hash = models.CharField(max_length=64, unique=True, editable=False)
     scopes = models.JSONField(default=list, help_text="Exact capability names, e.g. rag.embedding@1.")
     project = models.CharField(max_length=63, blank=True)
+    # Playground credentials are the dashboard's own (apps/clusters/playground.py): labelled as such in
+    # every list, never minted through the API.
+    kind = models.CharField(
+        max_length=16, choices=CredentialKind.choices, default=CredentialKind.CLIENT, editable=False
+    )
     created_at = models.DateTimeField(default=timezone.now)
     created_by = models.ForeignKey(
         "auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

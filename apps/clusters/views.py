@@ -9,17 +9,19 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from apps.clusters import services
+from apps.clusters import playground, services
+from apps.clusters.choices import CredentialKind
 from apps.clusters.loadbalancer import cluster_report
 from apps.clusters.models import Algorithm, Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
 from apps.servers.choices import ServerState
 from apps.servers.models import ModelServer
-from modelforge.errors import ApiError, describe_validation
+from modelforge.errors import ApiError, describe_validation, envelope_response
+from modelforge.errors import codes as error_codes
 from modelforge.lookups import by_pk
 
 staff_required: Any = staff_member_required(login_url="dashboard:login")
@@ -33,7 +35,10 @@ def cluster_list(request: HttpRequest) -> HttpResponse:
         "capabilities": Capability.objects.select_related("follows", "embedding_space").prefetch_related(
             "tiers__cluster", "tiers__server"
         ),
-        "credentials": ClientCredential.objects.all()[:50],
+        # An expired playground credential is of no more use to anyone: left out (the admin lists them).
+        "credentials": ClientCredential.objects.exclude(
+            kind=CredentialKind.PLAYGROUND, expires_at__lte=timezone.now()
+        )[:50],
         "capability_names": Capability.objects.order_by("name").values_list("name", flat=True),
         "algorithms": Algorithm.choices,
         "servers": ModelServer.objects.order_by("name").only("pk", "name"),
@@ -308,3 +313,48 @@ def tier_remove(request: HttpRequest, pk: int) -> HttpResponse:
     tier.delete()
     messages.success(request, f"Routing tier removed: {tier}.")
     return redirect("clusters:list")
+
+
+@staff_required
+def playground_page(request: HttpRequest) -> HttpResponse:
+    """The Playground: a chat, completion or embeddings request to a capability, sent from the browser to
+    the gateway with a short-lived playground credential (apps/clusters/playground.py)."""
+    offers = playground.offers()
+    context = {
+        "offers": offers,
+        "offers_json": {o.name: o.as_json() for o in offers},
+        "lifetime_minutes": int(playground.LIFETIME.total_seconds() // 60),
+        "active_nav": "playground",
+    }
+    return render(request, "clusters/playground.html", context)
+
+
+@require_POST
+def playground_credential(request: HttpRequest) -> HttpResponse:
+    """``POST`` ``capability`` (and ``project``): the session's playground credential for exactly that,
+    as JSON; refusals in the envelope (the page shows the code and the message)."""
+    user = request.user
+    if not user.is_authenticated:
+        return envelope_response(
+            error_codes.NOT_AUTHENTICATED, "Log in to the dashboard to use the Playground.", 401
+        )
+    if not (user.is_active and user.is_staff):
+        return envelope_response(
+            error_codes.PERMISSION_DENIED, "The Playground is for operators (staff accounts).", 403
+        )
+    capability = request.POST.get("capability", "")
+    project = request.POST.get("project", "")
+    offer = next((o for o in playground.offers() if o.name == capability), None)
+    if offer is None:
+        return envelope_response(
+            error_codes.VALIDATION_ERROR, f"capability: no capability is named {capability[:80]!r}.", 400
+        )
+    if project not in offer.projects:
+        bound = ", ".join(repr(p) for p in offer.projects)
+        return envelope_response(
+            error_codes.VALIDATION_ERROR,
+            f"project: {capability} is bound for {bound}; {project[:63]!r} is not one of them.",
+            400,
+        )
+    minted = playground.credential_for(request.session, user, capability, project)
+    return JsonResponse(minted.as_json(), status=200 if minted.reused else 201)

@@ -186,12 +186,14 @@ class ClientCredentialSerializer(PrintableText, serializers.ModelSerializer):
             "display_prefix",
             "scopes",
             "project",
+            "kind",
             "created_at",
             "expires_at",
             "revoked_at",
             *LIMIT_FIELDS,
         ]
-        read_only_fields = ["display_prefix", "created_at", "revoked_at"]
+        # ``playground``: minted by the dashboard's Playground, never through the API.
+        read_only_fields = ["display_prefix", "kind", "created_at", "revoked_at"]
         extra_kwargs = LIMIT_BOUNDS
 
     def validate_expires_at(self, value: datetime | None) -> datetime | None:
