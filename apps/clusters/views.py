@@ -17,7 +17,17 @@ from django.views.decorators.http import require_POST
 from apps.clusters import playground, services
 from apps.clusters.choices import CredentialKind
 from apps.clusters.loadbalancer import cluster_report
-from apps.clusters.models import Algorithm, Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
+from apps.clusters.models import (
+    LIMIT_FIELDS,
+    Algorithm,
+    Capability,
+    ClientCredential,
+    Cluster,
+    ClusterMember,
+    RoutingTier,
+    effective_limits,
+    project_defaults,
+)
 from apps.servers.choices import ServerState
 from apps.servers.models import ModelServer
 from modelforge.errors import ApiError, describe_validation, envelope_response
@@ -93,11 +103,12 @@ def credential_mint(request: HttpRequest) -> HttpResponse:
 @staff_required
 def credential_detail(request: HttpRequest, pk: int) -> HttpResponse:
     """A credential: its limits (a form through the API's serializer) and what it uses now."""
-    from apps.clusters.api.serializers import LIMIT_FIELDS
     from apps.clusters.limits import current_use
 
     credential = get_object_or_404(ClientCredential, pk=pk)
     use = current_use(str(credential.pk))
+    defaults = project_defaults(credential.project)
+    applied = effective_limits(credential, defaults)
     labels = {
         "requests_per_minute": ("Requests per minute", "requests_last_minute", "in the last 60 s"),
         "tokens_per_minute": ("Tokens per minute", "tokens_this_minute", "this minute"),
@@ -109,7 +120,10 @@ def credential_detail(request: HttpRequest, pk: int) -> HttpResponse:
         {
             "field": f,
             "label": labels[f][0],
-            "limit": getattr(credential, f),
+            "own": getattr(credential, f),
+            "limit": applied[f][0],
+            "source": applied[f][1],
+            "default": getattr(defaults, f) if defaults is not None else None,
             "used": use[labels[f][1]],
             "when": labels[f][2],
         }
@@ -118,6 +132,7 @@ def credential_detail(request: HttpRequest, pk: int) -> HttpResponse:
     context = {
         "credential": credential,
         "limits": limits,
+        "defaults": defaults,
         "enforced": use["limits_enforced"],
         "active_nav": "clusters",
     }
