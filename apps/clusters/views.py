@@ -365,10 +365,12 @@ def playground_credential(request: HttpRequest) -> HttpResponse:
             error_codes.VALIDATION_ERROR, f"capability: no capability is named {capability[:80]!r}.", 400
         )
     if project not in offer.projects:
-        bound = ", ".join(repr(p) for p in offer.projects)
+        named = ", ".join(p for p in offer.projects if p)
+        unbound = "no project" if "" in offer.projects else ""
+        bound = " and ".join(part for part in (unbound, named and f"projects {named}") if part)
         return envelope_response(
             error_codes.VALIDATION_ERROR,
-            f"project: {capability} is bound for {bound}; {project[:63]!r} is not one of them.",
+            f"project: the routing tiers of {capability} are bound for {bound}, not {project[:63]!r}.",
             400,
         )
     minted = playground.credential_for(request.session, user, capability, project)

@@ -109,7 +109,7 @@ def test_it_refuses_a_post_without_the_csrf_token():
         ({"capability": "chat.echo@1 "}, "capability:"),
         ({"capability": "CHAT.echo@1"}, "capability:"),
         ({}, "capability:"),
-        ({"capability": "chat.echo@1", "project": "search"}, "project:"),
+        ({"capability": "chat.echo@1", "project": "search"}, "bound for no project, not 'search'"),
     ],
 )
 def test_it_refuses_what_it_does_not_offer_by_name(operator, form, why):
@@ -128,7 +128,11 @@ def test_a_capability_bound_only_for_a_project_is_tried_as_that_project(operator
     server = running_server(make_node(name="pg-node")[0], "echo-p", 9)
     chat = Capability.objects.get(name="chat.echo@1")
     RoutingTier.objects.create(capability=chat, server=server, project="shop")
-    assert operator.post(URL, {"capability": "chat.echo@1"}).json()["code"] == "VALIDATION_ERROR"
+    refused = operator.post(URL, {"capability": "chat.echo@1"}).json()
+    assert refused["code"] == "VALIDATION_ERROR"
+    assert refused["message"] == (
+        "project: the routing tiers of chat.echo@1 are bound for projects shop, not ''."
+    )
     body = operator.post(URL, {"capability": "chat.echo@1", "project": "shop"}).json()
     assert ClientCredential.objects.get(pk=body["id"]).project == "shop"
 
