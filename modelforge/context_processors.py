@@ -12,6 +12,7 @@ NAVIGATION: list[dict[str, str | None]] = [
     {"key": "nodes", "label": "Nodes", "url_name": "nodes:list"},
     {"key": "servers", "label": "Model servers", "url_name": "servers:list"},
     {"key": "clusters", "label": "Clusters", "url_name": "clusters:list"},
+    {"key": "playground", "label": "Playground", "url_name": "clusters:playground"},
     {"key": "artifacts", "label": "Artifacts", "url_name": "artifacts:list"},
     {"key": "backups", "label": "Backups", "url_name": "backups:list"},
     {"key": "migrations", "label": "Migrations", "url_name": "migrations:list"},

@@ -88,6 +88,7 @@ def test_no_visible_button_on_any_dashboard_page_is_text_on_its_own_colour(live_
         "/clusters/",
         f"/clusters/{cluster.pk}/",
         f"/clusters/{open_cluster.pk}/",
+        "/clusters/playground/",
         "/artifacts/",
         f"/artifacts/{ready.pk}/",
         f"/artifacts/{held.pk}/",

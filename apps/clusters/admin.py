@@ -2,7 +2,14 @@ from django.contrib import admin, messages
 from django.db import transaction
 
 from apps.clusters import services
-from apps.clusters.models import Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
+from apps.clusters.models import (
+    Capability,
+    ClientCredential,
+    Cluster,
+    ClusterMember,
+    ProjectLimits,
+    RoutingTier,
+)
 from modelforge.errors import ApiError
 
 
@@ -81,10 +88,26 @@ class RoutingTierAdmin(admin.ModelAdmin):
 
 @admin.register(ClientCredential)
 class ClientCredentialAdmin(admin.ModelAdmin):
-    list_display = ("name", "display_prefix", "project", "expires_at", "revoked_at")
+    list_display = ("name", "kind", "display_prefix", "project", "expires_at", "revoked_at")
+    list_filter = ("kind",)
     # Scopes are written exactly through the API's validation; the admin shows them, never edits them.
-    readonly_fields = ("display_prefix", "scopes", "created_at", "created_by", "revoked_at")
+    readonly_fields = ("kind", "display_prefix", "scopes", "created_at", "created_by", "revoked_at")
     exclude = ("secret_hash",)
 
     def has_add_permission(self, request):
         return False  # minted through the API, which shows the secret once
+
+
+@admin.register(ProjectLimits)
+class ProjectLimitsAdmin(admin.ModelAdmin):
+    """Each a default for every credential of the project that leaves that limit empty."""
+
+    list_display = (
+        "project",
+        "requests_per_minute",
+        "tokens_per_minute",
+        "max_concurrent",
+        "tokens_per_day",
+        "tokens_per_month",
+    )
+    search_fields = ("project",)

@@ -7,14 +7,23 @@ from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from apps.clusters.choices import Algorithm
+from apps.clusters.choices import Algorithm, CredentialKind
 from apps.servers.models import ModelServer
 
 CAPABILITY = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}@[1-9][0-9]{0,5}$")
 CREDENTIAL_PREFIX = "mfc_"
+# A client credential's limits (apps/gateway/limits.py), and its project's defaults for them; null: none.
+LIMIT_FIELDS = (
+    "requests_per_minute",
+    "tokens_per_minute",
+    "max_concurrent",
+    "tokens_per_day",
+    "tokens_per_month",
+)
 
 
 def digest(secret: str) -> str:
@@ -129,11 +138,13 @@ class ClientCredentialManager(models.Manager["ClientCredential"]):
         expires_at: datetime | None = None,
         created_by: Any = None,
         limits: dict[str, int | None] | None = None,
+        kind: str = CredentialKind.CLIENT,
     ) -> tuple[ClientCredential, str]:
         plain = CREDENTIAL_PREFIX + secrets.token_urlsafe(32)
         credential = self.create(
             **(limits or {}),
             name=name,
+            kind=kind,
             display_prefix=plain[:12],
             secret_hash=digest(plain),
             scopes=sorted(set(scopes)),
@@ -152,6 +163,11 @@ class ClientCredential(models.Model):
     secret_hash = models.CharField(max_length=64, unique=True, editable=False)
     scopes = models.JSONField(default=list, help_text="Exact capability names, e.g. rag.embedding@1.")
     project = models.CharField(max_length=63, blank=True)
+    # Playground credentials are the dashboard's own (apps/clusters/playground.py): labelled as such in
+    # every list, never minted through the API.
+    kind = models.CharField(
+        max_length=16, choices=CredentialKind.choices, default=CredentialKind.CLIENT, editable=False
+    )
     created_at = models.DateTimeField(default=timezone.now)
     created_by = models.ForeignKey(
         "auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -189,3 +205,59 @@ class ClientCredential(models.Model):
 
             bump_version()
         return revoked
+
+
+class ProjectLimits(models.Model):
+    """Default limits for each client credential of a project: a limit the credential leaves empty is
+    the project's (each credential counts its own calls; the project is not a shared pool)."""
+
+    project = models.CharField(max_length=63, unique=True)
+    requests_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)]
+    )
+    tokens_per_minute = models.PositiveBigIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)]
+    )
+    max_concurrent = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)], help_text="Requests in flight at once."
+    )
+    tokens_per_day = models.PositiveBigIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)], help_text="A budget per UTC day."
+    )
+    tokens_per_month = models.PositiveBigIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)], help_text="A budget per UTC month."
+    )
+
+    class Meta:
+        ordering = ["project"]
+        verbose_name = "project's default limits"
+        verbose_name_plural = "projects' default limits"
+
+    def __str__(self) -> str:
+        return f"default limits of {self.project}"
+
+    def clean(self) -> None:
+        if not self.project.strip():
+            raise ValidationError({"project": "Name a project: credentials without one have no defaults."})
+
+
+def effective_limits(
+    credential: ClientCredential, defaults: ProjectLimits | None
+) -> dict[str, tuple[int | None, str]]:
+    """Each limit that applies to ``credential`` and where it comes from: ``credential`` (its own),
+    ``project`` (its project's default, for a limit it leaves empty) or ``""`` (none)."""
+    found: dict[str, tuple[int | None, str]] = {}
+    for field in LIMIT_FIELDS:
+        own = getattr(credential, field)
+        if own is not None:
+            found[field] = (own, "credential")
+        elif defaults is not None and getattr(defaults, field) is not None:
+            found[field] = (getattr(defaults, field), "project")
+        else:
+            found[field] = (None, "")
+    return found
+
+
+def project_defaults(project: str) -> ProjectLimits | None:
+    """The default limits of ``project``; none for a credential without a project."""
+    return ProjectLimits.objects.filter(project=project).first() if project else None

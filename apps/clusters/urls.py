@@ -19,5 +19,7 @@ urlpatterns = [
     path("credentials/mint", views.credential_mint, name="credential-mint"),
     path("credentials/<int:pk>/", views.credential_detail, name="credential-detail"),
     path("credentials/<int:pk>/limits", views.credential_limits, name="credential-limits"),
+    path("playground/", views.playground_page, name="playground"),
+    path("playground/credential", views.playground_credential, name="playground-credential"),
     path("credentials/<int:pk>/revoke", views.credential_revoke, name="credential-revoke"),
 ]

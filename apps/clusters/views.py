@@ -9,17 +9,29 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from apps.clusters import services
+from apps.clusters import playground, services
+from apps.clusters.choices import CredentialKind
 from apps.clusters.loadbalancer import cluster_report
-from apps.clusters.models import Algorithm, Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
+from apps.clusters.models import (
+    LIMIT_FIELDS,
+    Algorithm,
+    Capability,
+    ClientCredential,
+    Cluster,
+    ClusterMember,
+    RoutingTier,
+    effective_limits,
+    project_defaults,
+)
 from apps.servers.choices import ServerState
 from apps.servers.models import ModelServer
-from modelforge.errors import ApiError, describe_validation
+from modelforge.errors import ApiError, describe_validation, envelope_response
+from modelforge.errors import codes as error_codes
 from modelforge.lookups import by_pk
 
 staff_required: Any = staff_member_required(login_url="dashboard:login")
@@ -33,7 +45,10 @@ def cluster_list(request: HttpRequest) -> HttpResponse:
         "capabilities": Capability.objects.select_related("follows", "embedding_space").prefetch_related(
             "tiers__cluster", "tiers__server"
         ),
-        "credentials": ClientCredential.objects.all()[:50],
+        # An expired playground credential is of no more use to anyone: left out (the admin lists them).
+        "credentials": ClientCredential.objects.exclude(
+            kind=CredentialKind.PLAYGROUND, expires_at__lte=timezone.now()
+        )[:50],
         "capability_names": Capability.objects.order_by("name").values_list("name", flat=True),
         "algorithms": Algorithm.choices,
         "servers": ModelServer.objects.order_by("name").only("pk", "name"),
@@ -88,11 +103,12 @@ def credential_mint(request: HttpRequest) -> HttpResponse:
 @staff_required
 def credential_detail(request: HttpRequest, pk: int) -> HttpResponse:
     """A credential: its limits (a form through the API's serializer) and what it uses now."""
-    from apps.clusters.api.serializers import LIMIT_FIELDS
     from apps.clusters.limits import current_use
 
     credential = get_object_or_404(ClientCredential, pk=pk)
     use = current_use(str(credential.pk))
+    defaults = project_defaults(credential.project)
+    applied = effective_limits(credential, defaults)
     labels = {
         "requests_per_minute": ("Requests per minute", "requests_last_minute", "in the last 60 s"),
         "tokens_per_minute": ("Tokens per minute", "tokens_this_minute", "this minute"),
@@ -104,7 +120,10 @@ def credential_detail(request: HttpRequest, pk: int) -> HttpResponse:
         {
             "field": f,
             "label": labels[f][0],
-            "limit": getattr(credential, f),
+            "own": getattr(credential, f),
+            "limit": applied[f][0],
+            "source": applied[f][1],
+            "default": getattr(defaults, f) if defaults is not None else None,
             "used": use[labels[f][1]],
             "when": labels[f][2],
         }
@@ -113,6 +132,7 @@ def credential_detail(request: HttpRequest, pk: int) -> HttpResponse:
     context = {
         "credential": credential,
         "limits": limits,
+        "defaults": defaults,
         "enforced": use["limits_enforced"],
         "active_nav": "clusters",
     }
@@ -308,3 +328,50 @@ def tier_remove(request: HttpRequest, pk: int) -> HttpResponse:
     tier.delete()
     messages.success(request, f"Routing tier removed: {tier}.")
     return redirect("clusters:list")
+
+
+@staff_required
+def playground_page(request: HttpRequest) -> HttpResponse:
+    """The Playground: a chat, completion or embeddings request to a capability, sent from the browser to
+    the gateway with a short-lived playground credential (apps/clusters/playground.py)."""
+    offers = playground.offers()
+    context = {
+        "offers": offers,
+        "offers_json": {o.name: o.as_json() for o in offers},
+        "lifetime_minutes": int(playground.LIFETIME.total_seconds() // 60),
+        "active_nav": "playground",
+    }
+    return render(request, "clusters/playground.html", context)
+
+
+@require_POST
+def playground_credential(request: HttpRequest) -> HttpResponse:
+    """``POST`` ``capability`` (and ``project``): the session's playground credential for exactly that,
+    as JSON; refusals in the envelope (the page shows the code and the message)."""
+    user = request.user
+    if not user.is_authenticated:
+        return envelope_response(
+            error_codes.NOT_AUTHENTICATED, "Log in to the dashboard to use the Playground.", 401
+        )
+    if not (user.is_active and user.is_staff):
+        return envelope_response(
+            error_codes.PERMISSION_DENIED, "The Playground is for operators (staff accounts).", 403
+        )
+    capability = request.POST.get("capability", "")
+    project = request.POST.get("project", "")
+    offer = next((o for o in playground.offers() if o.name == capability), None)
+    if offer is None:
+        return envelope_response(
+            error_codes.VALIDATION_ERROR, f"capability: no capability is named {capability[:80]!r}.", 400
+        )
+    if project not in offer.projects:
+        named = ", ".join(p for p in offer.projects if p)
+        unbound = "no project" if "" in offer.projects else ""
+        bound = " and ".join(part for part in (unbound, named and f"projects {named}") if part)
+        return envelope_response(
+            error_codes.VALIDATION_ERROR,
+            f"project: the routing tiers of {capability} are bound for {bound}, not {project[:63]!r}.",
+            400,
+        )
+    minted = playground.credential_for(request.session, user, capability, project)
+    return JsonResponse(minted.as_json(), status=200 if minted.reused else 201)

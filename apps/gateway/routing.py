@@ -49,8 +49,10 @@ from apps.clusters.models import (
     ClientCredential,
     Cluster,
     ClusterMember,
+    ProjectLimits,
     RoutingTier,
     digest,
+    effective_limits,
 )
 from apps.embedding_migrations.models import EmbeddingSpace
 from apps.gateway.limits import Limits
@@ -64,9 +66,29 @@ NOT_KNOWN = "The credential is not known."
 CHECK_EVERY_S = 1.0
 
 
+# The rows the table is built from (a server's state change has a signal of its own).
+ROUTED_MODELS = (
+    Capability,
+    Cluster,
+    ClusterMember,
+    RoutingTier,
+    ClientCredential,
+    ProjectLimits,
+    ModelServer,
+)
+
+
 def routing_changed(sender: Any, **kwargs: Any) -> None:
     """A configuration row the table is built from was saved or deleted (connected in GatewayConfig.ready)."""
-    if sender in (Capability, Cluster, ClusterMember, RoutingTier, ClientCredential, ModelServer):
+    if sender in (
+        Capability,
+        Cluster,
+        ClusterMember,
+        RoutingTier,
+        ClientCredential,
+        ProjectLimits,
+        ModelServer,
+    ):
         bump_version()
 
 
@@ -105,6 +127,7 @@ class Table:
 
 def build_table() -> Table:
     """Read everything routing needs, in a handful of queries."""
+    defaults = {p.project: p for p in ProjectLimits.objects.all()}
     grants = {
         c.secret_hash: Grant(
             c.secret_hash,
@@ -113,7 +136,7 @@ def build_table() -> Table:
             c.expires_at,
             c.revoked_at is not None,
             str(c.pk),
-            _limits(c),
+            _limits(c, defaults.get(c.project) if c.project else None),
         )
         for c in ClientCredential.objects.all()
     }
@@ -129,14 +152,9 @@ def build_table() -> Table:
     return Table(grants, bindings, spaces, created)
 
 
-def _limits(credential: ClientCredential) -> Limits | None:
-    limits = Limits(
-        credential.requests_per_minute,
-        credential.tokens_per_minute,
-        credential.max_concurrent,
-        credential.tokens_per_day,
-        credential.tokens_per_month,
-    )
+def _limits(credential: ClientCredential, defaults: ProjectLimits | None) -> Limits | None:
+    """The credential's limits, each of its own or else its project's default; None when none applies."""
+    limits = Limits(**{field: value for field, (value, _) in effective_limits(credential, defaults).items()})
     return limits if limits.any() else None
 
 

@@ -11,7 +11,16 @@ from rest_framework import serializers
 from rest_framework.validators import UniqueValidator
 
 from apps.clusters import services
-from apps.clusters.models import CAPABILITY, Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
+from apps.clusters.models import (
+    CAPABILITY,
+    LIMIT_FIELDS,
+    Capability,
+    ClientCredential,
+    Cluster,
+    ClusterMember,
+    ProjectLimits,
+    RoutingTier,
+)
 from apps.servers.models import ModelServer
 from modelforge.validators import PrintableText
 
@@ -131,14 +140,6 @@ class RoutingTierSerializer(PrintableText, serializers.ModelSerializer):
         return attrs
 
 
-# A client credential's limits (apps/gateway/limits.py); null: none.
-LIMIT_FIELDS = (
-    "requests_per_minute",
-    "tokens_per_minute",
-    "max_concurrent",
-    "tokens_per_day",
-    "tokens_per_month",
-)
 # Bounded by their columns: a value past one is a 400 naming the field, not the database's error.
 _LIMIT_MAX = {
     "requests_per_minute": 2**31 - 1,
@@ -161,6 +162,37 @@ class LimitsSerializer(serializers.ModelSerializer):
         extra_kwargs = {f: {**LIMIT_BOUNDS[f], "required": True, "allow_null": True} for f in LIMIT_FIELDS}
 
 
+class ProjectLimitsSerializer(PrintableText, serializers.ModelSerializer):
+    """A project's default limits: each applies to every credential of the project that leaves that limit
+    empty. Each a whole number from 1, or null (no default)."""
+
+    project = serializers.CharField(
+        max_length=63,
+        trim_whitespace=False,
+        validators=[
+            UniqueValidator(
+                ProjectLimits.objects.all(),
+                message="This project has default limits already: change them with "
+                "PUT /api/v1/project-limits/{id}.",
+            )
+        ],
+        help_text="The project, as credentials name it.",
+    )
+
+    class Meta:
+        model = ProjectLimits
+        fields = ["id", "project", *LIMIT_FIELDS]
+        extra_kwargs = {f: {**LIMIT_BOUNDS[f], "allow_null": True} for f in LIMIT_FIELDS}
+
+    def validate_project(self, value: str) -> str:
+        if not value.strip() or value != value.strip():
+            raise serializers.ValidationError(
+                "Name a project exactly, without surrounding spaces (credentials without one have no "
+                "defaults)."
+            )
+        return value
+
+
 class CredentialUseSerializer(serializers.Serializer):
     requests_last_minute = serializers.IntegerField()
     in_flight = serializers.IntegerField()
@@ -168,6 +200,14 @@ class CredentialUseSerializer(serializers.Serializer):
     tokens_today = serializers.IntegerField()
     tokens_this_month = serializers.IntegerField()
     limits_enforced = serializers.BooleanField(help_text="False while Redis cannot be read.")
+    limits = serializers.DictField(
+        child=serializers.IntegerField(allow_null=True),
+        help_text="Each limit that applies: the credential's own, else its project's default; null: none.",
+    )
+    limits_from = serializers.DictField(
+        child=serializers.ChoiceField(choices=["credential", "project", ""]),
+        help_text="Where each applied limit comes from: credential, project (its default), or empty (none).",
+    )
 
 
 class ClientCredentialSerializer(PrintableText, serializers.ModelSerializer):
@@ -186,12 +226,14 @@ class ClientCredentialSerializer(PrintableText, serializers.ModelSerializer):
             "display_prefix",
             "scopes",
             "project",
+            "kind",
             "created_at",
             "expires_at",
             "revoked_at",
             *LIMIT_FIELDS,
         ]
-        read_only_fields = ["display_prefix", "created_at", "revoked_at"]
+        # ``playground``: minted by the dashboard's Playground, never through the API.
+        read_only_fields = ["display_prefix", "kind", "created_at", "revoked_at"]
         extra_kwargs = LIMIT_BOUNDS
 
     def validate_expires_at(self, value: datetime | None) -> datetime | None:

@@ -8,4 +8,5 @@ router.register("clusters", views.ClusterViewSet, basename="cluster")
 router.register("cluster-members", views.ClusterMemberViewSet, basename="cluster-member")
 router.register("routing-tiers", views.RoutingTierViewSet, basename="routing-tier")
 router.register("client-credentials", views.ClientCredentialViewSet, basename="client-credential")
+router.register("project-limits", views.ProjectLimitsViewSet, basename="project-limits")
 urlpatterns = router.urls

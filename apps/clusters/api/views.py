@@ -11,7 +11,16 @@ from rest_framework.response import Response
 from apps.clusters import services
 from apps.clusters.api import serializers as s
 from apps.clusters.loadbalancer import cluster_report
-from apps.clusters.models import Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
+from apps.clusters.models import (
+    Capability,
+    ClientCredential,
+    Cluster,
+    ClusterMember,
+    ProjectLimits,
+    RoutingTier,
+    effective_limits,
+    project_defaults,
+)
 from apps.servers.models import ModelServer
 from modelforge.lookups import by_pk
 
@@ -113,10 +122,19 @@ class ClientCredentialViewSet(
     @extend_schema(request=None, responses=s.CredentialUseSerializer)
     @action(detail=True, methods=["get"])
     def use(self, request: Request, pk: Any = None) -> Response:
-        """What the credential uses now, as its limits count it (Redis)."""
+        """What the credential uses now, as its limits count it (Redis), and the limits that apply (its
+        own, else its project's defaults)."""
         from apps.clusters.limits import current_use
 
-        return Response(current_use(str(self.get_object().pk)))
+        credential = self.get_object()
+        applied = effective_limits(credential, project_defaults(credential.project))
+        return Response(
+            {
+                **current_use(str(credential.pk)),
+                "limits": {field: value for field, (value, _) in applied.items()},
+                "limits_from": {field: source for field, (_, source) in applied.items()},
+            }
+        )
 
     @extend_schema(request=None, responses=s.ClientCredentialSerializer)
     @action(detail=True, methods=["post"])
@@ -125,3 +143,17 @@ class ClientCredentialViewSet(
         credential.revoke()
         credential.refresh_from_db()
         return Response(s.ClientCredentialSerializer(credential).data)
+
+
+class ProjectLimitsViewSet(viewsets.ModelViewSet):
+    """Default limits per project: a credential of the project that leaves a limit empty has the
+    project's. Every gateway process applies a change within about a second (the routing table's change
+    notice). ``?project=`` finds one project's."""
+
+    queryset = ProjectLimits.objects.all()
+    serializer_class = s.ProjectLimitsSerializer
+
+    def get_queryset(self) -> Any:
+        queryset = super().get_queryset()
+        project = self.request.query_params.get("project")
+        return queryset if project is None else queryset.filter(project=project)
