@@ -132,3 +132,23 @@ class ListeningClockAdmin(admin.ModelAdmin):
             self.message_user(
                 request, "Mass node loss confirmed: the held nodes go offline at the next sweep."
             )
+
+
+@admin.register(NodeEvent)
+class NodeEventAdmin(admin.ModelAdmin):
+    """Every node event, read-only: a node's page inlines its own; a transition of many nodes at once is
+    one row here (``fleet_size`` nodes, no single node)."""
+
+    list_display = ("at", "node", "kind", "from_liveness", "to_liveness", "fleet_size", "detail")
+    list_filter = ("kind", "to_liveness")
+    search_fields = ("node__name", "detail")
+    list_select_related = ("node",)
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in NodeEvent._meta.fields] + ["fleet_size"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

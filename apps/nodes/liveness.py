@@ -18,10 +18,12 @@ from apps.nodes.choices import EventKind, Liveness
 from apps.nodes.models import ListeningClock, Node, NodeEvent
 from apps.nodes.signals import nodes_went_offline
 
-# One statement moves every node due for a transition and writes its event row. The row locks are
-# taken with SKIP LOCKED: a node whose heartbeat is being recorded right now is not due, and the next
-# sweep sees its fresh timestamp. The WHERE clause is re-checked under the lock, so a heartbeat that
-# committed first is never overwritten.
+# One statement moves every node due for a transition and writes its event: a row per node, or -- when
+# the transition moved many nodes at once (more than ``many_above``, the mass-loss guard's "many", which
+# also raises one alert for the fleet) -- ONE row naming them all, the decision taken in the statement on
+# what it really moved. The row locks are taken with SKIP LOCKED: a node whose heartbeat is being recorded
+# right now is not due, and the next sweep sees its fresh timestamp. The WHERE clause is re-checked under
+# the lock, so a heartbeat that committed first is never overwritten.
 _TRANSITION = f"""
 WITH due AS (
     SELECT id, liveness FROM {Node._meta.db_table}
@@ -31,9 +33,16 @@ WITH due AS (
     UPDATE {Node._meta.db_table} AS n SET liveness = %(to_state)s
     FROM due WHERE n.id = due.id
     RETURNING n.id, n.name, due.liveness AS from_state
+), fleet AS (
+    SELECT count(*) > %(many_above)s AS many FROM moved
 ), events AS (
-    INSERT INTO {NodeEvent._meta.db_table} (node_id, kind, from_liveness, to_liveness, at, detail)
-    SELECT id, %(kind)s, from_state, %(to_state)s, %(now)s, %(detail)s FROM moved
+    INSERT INTO {NodeEvent._meta.db_table} (node_id, nodes, kind, from_liveness, to_liveness, at, detail)
+    SELECT id, NULL, %(kind)s, from_state, %(to_state)s, %(now)s, %(detail)s
+    FROM moved WHERE NOT (SELECT many FROM fleet)
+    UNION ALL
+    SELECT NULL, array_agg(id), %(kind)s, string_agg(DISTINCT from_state, ',' ORDER BY from_state),
+           %(to_state)s, %(now)s, %(detail)s || ' (' || count(*) || ' nodes at once)'
+    FROM moved HAVING (SELECT many FROM fleet)
 )
 SELECT id::text, name FROM moved
 """  # noqa: S608 -- table names are ours
@@ -48,11 +57,18 @@ class SweepResult:
 
 
 def _transition(
-    cursor: Any, from_states: list[str], to_state: str, before: datetime, now: datetime, detail: str
+    cursor: Any,
+    from_states: list[str],
+    to_state: str,
+    before: datetime,
+    now: datetime,
+    detail: str,
+    alive: int,
 ) -> list[tuple[str, str]]:
     cursor.execute(
         _TRANSITION,
         {
+            "many_above": _many_above(alive),
             "from_states": from_states,
             "to_state": to_state,
             "before": before,
@@ -157,6 +173,7 @@ def sweep(now: datetime | None = None) -> SweepResult:
                         allowed,
                         now,
                         f"no heartbeat for more than {settings.NODE_OFFLINE_AFTER} s",
+                        census.alive,
                     )
             if census is not None and census.stale_due:
                 result.stale = _transition(
@@ -166,6 +183,7 @@ def sweep(now: datetime | None = None) -> SweepResult:
                     stale_before,
                     now,
                     f"no heartbeat for more than {settings.NODE_STALE_AFTER} s",
+                    census.alive,
                 )
         clock.save()
         alive = census.alive if census is not None else 0
@@ -211,6 +229,13 @@ def _many(moved: int, alive: int) -> bool:
         alive >= settings.LIVENESS_MASS_LOSS_MIN_NODES
         and moved > settings.LIVENESS_MASS_LOSS_FRACTION * alive
     )
+
+
+def _many_above(alive: int) -> int:
+    """``_many`` as a count for SQL: a transition moving more nodes than this moved many at once."""
+    if alive < settings.LIVENESS_MASS_LOSS_MIN_NODES:
+        return 2**62  # nothing is many at once in a small fleet
+    return int(settings.LIVENESS_MASS_LOSS_FRACTION * alive)
 
 
 def _raise(

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.utils import timezone
 
@@ -52,13 +53,13 @@ class Node(models.Model):
     """A machine running the agent: its identity, what it last reported, and whether work may go there."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    name = models.CharField(max_length=63, unique=True)
+    name = models.CharField(max_length=63)
     accelerator = models.CharField(max_length=16, choices=Accelerator.choices)
     enabled = models.BooleanField(default=True)
     liveness = models.CharField(max_length=16, choices=Liveness.choices, default=Liveness.PENDING)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     enrolled_at = models.DateTimeField(default=timezone.now)
-    credential_hash = models.CharField(max_length=64, unique=True, editable=False)
+    credential_hash = models.CharField(max_length=64, editable=False)
     agent_version = models.CharField(max_length=32, blank=True)
     agent_url = models.URLField(max_length=255, blank=True)
     cpu_count = models.PositiveIntegerField(null=True, blank=True)
@@ -82,6 +83,13 @@ class Node(models.Model):
         # online node). A fillfactor that leaves room for a whole page of new versions (a mass sweep)
         # was measured and refused: PostgreSQL then prunes the page at nearly every heartbeat, which
         # cost more CPU than the index entries it saved (bench/heartbeats, 2026-11-30).
+        # The two unique columns are constraints, not ``unique=True``: on PostgreSQL that also builds a
+        # ``varchar_pattern_ops`` index per column for ``LIKE 'x%'`` (nothing here asks one: names are
+        # searched with ``icontains``), two more index entries for every row a sweep moves.
+        constraints = [
+            models.UniqueConstraint(fields=["name"], name="nodes_node_name_key"),
+            models.UniqueConstraint(fields=["credential_hash"], name="nodes_node_credential_hash_key"),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -141,9 +149,15 @@ class GPU(models.Model):
 
 
 class NodeEvent(models.Model):
-    """A transition in a node's life: enrollment, liveness changes, enable/disable, secret mismatches."""
+    """A transition in a node's life: enrollment, liveness changes, enable/disable, secret mismatches.
 
-    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
+    A liveness transition that moved many nodes at once (the mass-loss guard's "many", the same that
+    raises one alert for the fleet) is ONE row naming them all in ``nodes`` (``node`` empty): a whole
+    fleet's worth of rows was most of such a sweep's time. ``events_of(node)`` reads both kinds."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events", null=True, blank=True)
+    # A fleet event: every node it moved (ids; a node deleted later stays named here, as in an alert).
+    nodes = ArrayField(models.UUIDField(), null=True, blank=True, editable=False)
     kind = models.CharField(max_length=32, choices=EventKind.choices)
     from_liveness = models.CharField(max_length=16, blank=True)
     to_liveness = models.CharField(max_length=16, blank=True)
@@ -154,7 +168,20 @@ class NodeEvent(models.Model):
         ordering = ["-at", "-id"]
 
     def __str__(self) -> str:
-        return f"{self.node_id} {self.kind} {self.from_liveness}->{self.to_liveness}"
+        who = self.node_id if self.node_id is not None else f"{len(self.nodes or [])} nodes"
+        return f"{who} {self.kind} {self.from_liveness}->{self.to_liveness}"
+
+    @property
+    def fleet_size(self) -> int | None:
+        """How many nodes a fleet event moved; None for a node's own event."""
+        return len(self.nodes) if self.nodes is not None else None
+
+
+def events_of(node: Node) -> models.QuerySet[NodeEvent]:
+    """A node's history: its own events and the fleet events that moved it, newest first."""
+    return NodeEvent.objects.filter(
+        models.Q(node=node) | models.Q(node__isnull=True, nodes__contains=[node.pk])
+    )
 
 
 class EnrollmentTokenManager(models.Manager["EnrollmentToken"]):

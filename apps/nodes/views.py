@@ -16,7 +16,7 @@ from apps.alerts.models import Alert
 from apps.nodes import codes, listening, liveness
 from apps.nodes.api.serializers import EnrollmentTokenSerializer
 from apps.nodes.filtersets import NodeFilterSet
-from apps.nodes.models import EnrollmentToken, ListeningClock, Node
+from apps.nodes.models import EnrollmentToken, ListeningClock, Node, events_of
 from apps.nodes.tasks import ping_node
 from modelforge.errors import ApiError, describe_validation
 
@@ -44,7 +44,7 @@ def node_detail(request: HttpRequest, pk: str) -> HttpResponse:
     context = {
         "node": node,
         "assignable": node.is_assignable(),
-        "events": node.events.all()[:30],
+        "events": events_of(node)[:30],
         # Its own, and the fleet's NODE_STALE or node_offline when it went with many others at once.
         "alerts": liveness.alerts_of(node),
         # The reverse relation only: what runs here is the servers app's, which nodes does not import.

@@ -9,7 +9,7 @@ from django.core.validators import RegexValidator
 from rest_framework import serializers
 
 from apps.nodes.choices import Accelerator
-from apps.nodes.models import GPU, EnrollmentToken, ListeningClock, Node, NodeEvent
+from apps.nodes.models import GPU, EnrollmentToken, ListeningClock, Node, NodeEvent, events_of
 from modelforge.validators import PrintableText
 
 NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
@@ -114,7 +114,9 @@ class GPUSerializer(serializers.ModelSerializer):
 class NodeEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = NodeEvent
-        fields = ["kind", "from_liveness", "to_liveness", "at", "detail"]
+        # fleet_size: how many nodes a transition of many at once moved (one event for them all); null
+        # for the node's own event.
+        fields = ["kind", "from_liveness", "to_liveness", "at", "detail", "fleet_size"]
 
 
 class NodeSerializer(serializers.ModelSerializer):
@@ -167,7 +169,7 @@ class NodeDetailSerializer(NodeSerializer):
         read_only_fields = fields
 
     def get_recent_events(self, node: Node) -> list[dict[str, Any]]:
-        return NodeEventSerializer(node.events.all()[:20], many=True).data  # type: ignore[return-value]
+        return NodeEventSerializer(events_of(node)[:20], many=True).data  # type: ignore[return-value]
 
 
 class EnrollmentTokenSerializer(PrintableText, serializers.ModelSerializer):

@@ -16,7 +16,7 @@ from django.utils import timezone
 from apps.alerts.models import Alert
 from apps.nodes import listening
 from apps.nodes.liveness import sweep
-from apps.nodes.models import ListeningClock, Node
+from apps.nodes.models import ListeningClock, Node, events_of
 from apps.nodes.tests.factories import beat, make_node
 from apps.nodes.tests.test_liveness import sweeping
 from apps.servers.models import ModelServer
@@ -203,13 +203,16 @@ def test_many_nodes_going_stale_at_once_raise_one_fleet_alert_and_each_keeps_its
         beat(credentials[3])  # only n3 still reports: 3 of 4 go stale in one sweep
         sweep()
     assert states() == {"n0": "stale", "n1": "stale", "n2": "stale", "n3": "online"}
-    # Each node still has its own state and the event that says why.
+    # Each node still has its own state and, in its history, the event that says why: one row for the
+    # three (a transition of many nodes at once), naming each.
     for name in ("n0", "n1", "n2"):
-        (event,) = Node.objects.get(name=name).events.filter(to_liveness="stale")
-        assert (event.from_liveness, event.detail) == (
+        (event,) = events_of(Node.objects.get(name=name)).filter(to_liveness="stale")
+        assert (event.from_liveness, event.detail, event.fleet_size) == (
             "online",
-            f"no heartbeat for more than {settings.NODE_STALE_AFTER} s",
+            f"no heartbeat for more than {settings.NODE_STALE_AFTER} s (3 nodes at once)",
+            3,
         )
+    assert not events_of(Node.objects.get(name="n3")).filter(to_liveness="stale").exists()
     # One NODE_STALE for the fleet, not one per node.
     (alert,) = open_alerts("NODE_STALE")
     assert (alert.severity, alert.subject_type, alert.subject_id) == ("warning", "fleet", "liveness")

@@ -228,9 +228,9 @@ def test_only_enabled_online_fresh_nodes_are_assignable(clock, settings):
 
 
 def test_a_sweep_moving_many_nodes_at_once_writes_one_alert_for_any_number_of_them(clock, settings):
-    """A whole fleet going stale in one sweep: each node its state and event row, one NODE_STALE for all
-    (apps/nodes/liveness.py); the statements and the alert rows do not grow with the nodes."""
-    from apps.nodes.models import NodeEvent
+    """A whole fleet going stale in one sweep: each node its state, one event row and one NODE_STALE for
+    all (apps/nodes/liveness.py); the statements and the rows written do not grow with the nodes."""
+    from apps.nodes.models import NodeEvent, events_of
 
     def mass_sweep_of(count: int, prefix: str) -> int:
         nodes = []
@@ -244,7 +244,14 @@ def test_a_sweep_moving_many_nodes_at_once_writes_one_alert_for_any_number_of_th
             moved = sweep()
         assert sorted(name for _, name in moved.stale) == sorted(node.name for node in nodes)
         assert Node.objects.filter(pk__in=[n.pk for n in nodes], liveness="stale").count() == count
-        assert NodeEvent.objects.filter(node__in=nodes, to_liveness="stale").count() == count
+        # One event row for the fleet, naming every node; each node's history shows it.
+        assert not NodeEvent.objects.filter(node__in=nodes, to_liveness="stale").exists()
+        (event,) = NodeEvent.objects.filter(node__isnull=True, to_liveness="stale")
+        assert sorted(event.nodes or []) == sorted(n.pk for n in nodes)
+        assert (event.from_liveness, event.fleet_size) == ("online", count)
+        assert event.detail.endswith(f"({count} nodes at once)")
+        assert [e.pk for e in events_of(nodes[-1]).filter(to_liveness="stale")] == [event.pk]
+        NodeEvent.objects.filter(pk=event.pk).delete()
         assert not Alert.objects.filter(subject_type="node").exists()
         (alert,) = Alert.objects.open().filter(code="NODE_STALE")
         assert alert.subject_type == "fleet"

@@ -97,3 +97,40 @@ def test_admin_pages_render(client, fleet):
     minted = client.post("/admin/nodes/enrollmenttoken/mint/", follow=True)
     assert b"shown once" in minted.content
     assert client.get("/admin/alerts/alert/").status_code == 200
+
+
+def test_a_fleet_event_is_in_each_moved_nodes_history_in_the_api_and_on_its_page(
+    operator_client, fleet, settings
+):
+    """A transition of many nodes at once is one event row (apps/nodes/liveness.py): every node it moved
+    shows it, with how many moved; a node it did not move does not."""
+    from datetime import timedelta
+
+    from django.test import Client
+    from django.utils import timezone
+
+    from apps.nodes.liveness import sweep
+    from apps.nodes.models import Node
+
+    gpu, cpu, idle = fleet
+    Node.objects.filter(pk__in=[gpu.pk, cpu.pk]).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    settings.LIVENESS_MASS_LOSS_MIN_NODES = 2
+    assert sorted(name for _, name in sweep().stale) == ["cpu-b", "gpu-a"]
+    for node in (gpu, cpu):
+        latest = operator_client.get(f"/api/v1/nodes/{node.pk}").json()["recent_events"][0]
+        assert (latest["from_liveness"], latest["to_liveness"], latest["fleet_size"]) == (
+            "online",
+            "stale",
+            2,
+        )
+        assert latest["detail"].endswith("(2 nodes at once)")
+    older = operator_client.get(f"/api/v1/nodes/{gpu.pk}").json()["recent_events"][1]
+    assert (older["to_liveness"], older["fleet_size"]) == ("online", None)  # its own event, as before
+    assert all(
+        e["to_liveness"] != "stale"
+        for e in operator_client.get(f"/api/v1/nodes/{idle.pk}").json()["recent_events"]
+    )
+    browser = Client()
+    browser.force_login(User.objects.create_superuser("fleet-op", password="x"))
+    page = browser.get(f"/nodes/{cpu.pk}/").content.decode()
+    assert "online → stale" in page and "(2 nodes at once)" in page
