@@ -786,10 +786,15 @@ def _drive(
         servers_running_before=len(before),
         servers_stopped=len(stopped),
         stopped_server_ids=stopped,
+        # A node's own event names it in node_id; a transition of many at once names them all in nodes.
         nodes_offline=count(
-            "SELECT count(DISTINCT node_id) FROM nodes_nodeevent WHERE to_liveness = 'offline' AND at >= %s"
+            "SELECT count(DISTINCT n) FROM nodes_nodeevent, unnest(coalesce(nodes, ARRAY[node_id])) AS n "
+            "WHERE to_liveness = 'offline' AND at >= %s"
         ),
-        stale_events=count("SELECT count(*) FROM nodes_nodeevent WHERE to_liveness = 'stale' AND at >= %s"),
+        stale_events=count(
+            "SELECT count(*) FROM nodes_nodeevent, unnest(coalesce(nodes, ARRAY[node_id])) AS n "
+            "WHERE to_liveness = 'stale' AND at >= %s"
+        ),
         mass_loss_alerts=count(
             "SELECT count(*) FROM alerts_alert WHERE code = 'NODE_MASS_LOSS' AND last_raised_at >= %s"
         ),
