@@ -25,6 +25,7 @@ class GatewayConfig(AppConfig):
             contributions,
             routing,
         )
+        from apps.nodes.signals import listening_restarted
         from apps.servers.signals import server_state_changed
         from modelforge import lean
         from modelforge.signals import web_worker_started
@@ -33,6 +34,8 @@ class GatewayConfig(AppConfig):
         post_save.connect(routing.routing_changed, dispatch_uid="gateway.routing_changed.save")
         post_delete.connect(routing.routing_changed, dispatch_uid="gateway.routing_changed.delete")
         server_state_changed.connect(routing.server_state_changed, dispatch_uid="gateway.server_state")
+        # Nodes heard again after the control plane itself was away: their servers are routable now.
+        listening_restarted.connect(routing.server_state_changed, dispatch_uid="gateway.listening")
         # Each web worker's routing refresher, started before it serves: its first request finds a table.
         web_worker_started.connect(_start_refresher, dispatch_uid="gateway.refresher")
         contributions.register()  # the load balancer's gauges on /metrics

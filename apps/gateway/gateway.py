@@ -52,6 +52,8 @@ UNAUTHORIZED_HEADERS = {"www-authenticate": 'Bearer realm="modelforge-gateway"'}
 # Upstream: a connection within 2 s, then every chunk within 120 s (a long generation streams chunks).
 CONNECT_TIMEOUT_S = 2.0
 READ_TIMEOUT_S = 120.0
+# A request that finds no backend rebuilds a routing table older than this before it is refused.
+NO_BACKEND_REBUILD_S = 1.0
 
 
 # Request headers the gateway looks at; the others are never decoded.
@@ -193,7 +195,9 @@ class Gateway:
         backends, algorithm, _cluster = router.candidates_in(table, capability, grant.project)
         if not backends:
             # A server that started running a moment ago, a tier bound a moment ago: as for the credential.
-            table = await router.caught_up()
+            # And a node heard again a moment ago, which moves no version: a table older than a second is
+            # rebuilt (at most once a second per process while a capability has no backend).
+            table = await router.caught_up(older_than=NO_BACKEND_REBUILD_S)
             backends, algorithm, _cluster = router.candidates_in(table, capability, grant.project)
         if backends and not any(path in b.endpoints for b in backends):
             served = sorted({p for b in backends for p in b.endpoints})

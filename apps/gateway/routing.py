@@ -185,15 +185,16 @@ class Router:
             table = await sync_to_async(self.first_table, thread_sensitive=False)()
         return table
 
-    async def caught_up(self) -> Table:
+    async def caught_up(self, older_than: float | None = None) -> Table:
         """The table after a version check made now, rebuilt if it moved: for a refusal that a change the
         refresher has not picked up yet could explain (a credential minted a moment ago, its notice still
-        on the way), checked before the refusal is given. A version read when nothing changed."""
-        return await sync_to_async(self._catch_up, thread_sensitive=False)()
+        on the way), checked before the refusal is given. A version read when nothing changed, and a
+        rebuild if the table is ``older_than`` seconds old (what no version reports: a node heard again)."""
+        return await sync_to_async(self._catch_up, thread_sensitive=False)(older_than)
 
-    def _catch_up(self) -> Table:
+    def _catch_up(self, older_than: float | None = None) -> Table:
         with self._build_lock:
-            table = self.refresh()
+            table = self.refresh(older_than)
         if self._refresher is None:
             self.start()
         return table
@@ -280,9 +281,9 @@ class Router:
                     self.notices += 1
                 return
 
-    def refresh(self) -> Table:
-        """Check the routing version and rebuild the table when it moved or is old (the refresher's step,
-        or a first request's build). Returns the table in use."""
+    def refresh(self, older_than: float | None = None) -> Table:
+        """Check the routing version and rebuild the table when it moved or is ``older_than`` seconds old
+        (the refresher's step, or a first request's build). Returns the table in use."""
         now = time.monotonic()
         version = self._version
         try:
@@ -299,7 +300,9 @@ class Router:
                 )
             self.redis_ok = False
         table = self._table
-        if table is None or now - table.built_at > REBUILD_AT_LEAST_EVERY_S or version != self._version:
+        if older_than is None:
+            older_than = REBUILD_AT_LEAST_EVERY_S
+        if table is None or now - table.built_at > older_than or version != self._version:
             try:
                 table = self._table = build_table()
                 self.rebuilds += 1

@@ -28,6 +28,7 @@ from django.utils import timezone
 from apps.alerts.models import Alert
 from apps.nodes import codes
 from apps.nodes.models import ListeningClock
+from apps.nodes.signals import listening_restarted
 from modelforge.errors import ApiError
 
 logger = logging.getLogger(__name__)
@@ -60,14 +61,22 @@ def web_tick(now: datetime | None = None) -> None:
     current()
     gap = now - timedelta(seconds=settings.LISTENING_GAP)
     after_gap = Q(web_seen_at__isnull=True) | Q(web_seen_at__lt=gap)
-    ListeningClock.objects.filter(singleton=True).update(
-        listening_since=Case(When(after_gap, then=Value(now)), default=F("listening_since")),
-        listening_reason=Case(
-            When(after_gap, then=Value("web processes started listening after a gap")),
-            default=F("listening_reason"),
-        ),
-        web_seen_at=now,
+    restarted = ListeningClock.objects.filter(after_gap, singleton=True).update(
+        listening_since=now, listening_reason="web processes started listening after a gap", web_seen_at=now
     )
+    if restarted:
+        # Nodes silent only while nobody listened are heard again: the routing tables, which leave out the
+        # servers of nodes not heard, are rebuilt now rather than at their next periodic rebuild.
+        listening_restarted.send(sender=web_tick, at=now)
+    else:
+        ListeningClock.objects.filter(singleton=True).update(
+            listening_since=Case(When(after_gap, then=Value(now)), default=F("listening_since")),
+            listening_reason=Case(
+                When(after_gap, then=Value("web processes started listening after a gap")),
+                default=F("listening_reason"),
+            ),
+            web_seen_at=now,
+        )
 
 
 def resumed(reason: str, now: datetime | None = None) -> None:
@@ -77,6 +86,7 @@ def resumed(reason: str, now: datetime | None = None) -> None:
     ListeningClock.objects.filter(singleton=True).update(
         listening_since=now, listening_reason=reason[:255], swept_at=now
     )
+    transaction.on_commit(lambda: listening_restarted.send(sender=resumed, at=now))
     logger.warning("listening again from %s: %s", now.isoformat(), reason)
 
 

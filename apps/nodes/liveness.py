@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from apps.alerts.choices import Severity
 from apps.alerts.models import Alert, dedup_key_for
-from apps.nodes import codes, listening
+from apps.nodes import codes, listening, signals
 from apps.nodes.choices import EventKind, Liveness
 from apps.nodes.models import ListeningClock, Node, NodeEvent
 from apps.nodes.signals import nodes_went_offline
@@ -150,6 +150,7 @@ def sweep(now: datetime | None = None) -> SweepResult:
                 f"no liveness sweep for {(now - clock.swept_at).total_seconds():.0f} s (worker, beat, broker "
                 "or database away)"
             )
+            transaction.on_commit(lambda: signals.listening_restarted.send(sender=sweep, at=now))
         deaf = _gap(clock.web_seen_at, now)
         if deaf:
             clock.listening_since = now

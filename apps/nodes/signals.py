@@ -15,6 +15,9 @@ from modelforge.signals import web_worker_started
 
 # Sent by the liveness sweep with ``nodes=[(id, name), ...]`` that just went offline.
 nodes_went_offline = Signal()
+# Sent with ``at`` when the control plane's listening restarted (apps.nodes.listening): nodes that were
+# silent only while nobody listened count as heard again from now.
+listening_restarted = Signal()
 
 
 @receiver(web_worker_started)

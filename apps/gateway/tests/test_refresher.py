@@ -259,3 +259,57 @@ def test_a_server_bound_a_moment_ago_answers_at_once(router, echo, monkeypatch):
     bind("rag.embedding@1", server=running_server(loopback_node(), "echo-a", echo))
     assert router.current().bindings.get("rag.embedding@1", []) == []
     assert serve(key, 1) == [200]
+
+
+def silent_while_nobody_listened(node: Any) -> None:
+    """The node's last heartbeat is an hour old, and so is every web process's stamp: the control plane
+    was away (apps.nodes.listening), not only the node."""
+    from datetime import timedelta
+
+    from apps.nodes.listening import current
+    from apps.nodes.models import ListeningClock, Node
+
+    hour_ago = timezone.now() - timedelta(hours=1)
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=hour_ago)
+    current()
+    ListeningClock.objects.update(web_seen_at=hour_ago, listening_since=hour_ago - timedelta(hours=1))
+
+
+# Regression (CI, 2026-11-30): after a control-plane outage a web worker's first table could be built
+# before its first listening stamp restarted the grace period; no version moved, so the nodes' servers
+# stayed out of routing until the periodic rebuild (5 s of 503 NO_ELIGIBLE_NODE).
+def test_listening_restarted_after_a_gap_rebuilds_the_table_at_once(router, echo, monkeypatch):
+    from apps.nodes import listening
+
+    monkeypatch.setattr(routing, "CHECK_EVERY_S", 30.0)
+    monkeypatch.setattr(routing, "REBUILD_AT_LEAST_EVERY_S", 300.0)
+    node = loopback_node()
+    bind("rag.embedding@1", server=running_server(node, "echo-a", echo))
+    silent_while_nobody_listened(node)
+    started(router)
+    time.sleep(0.2)  # subscribed
+    assert router.candidates_in(router.current(), "rag.embedding@1", "")[0] == []  # not heard
+    listening.web_tick()  # the first stamp after the gap: listening restarts, the notice goes out
+    assert wait_until(lambda: router.candidates_in(router.current(), "rag.embedding@1", "")[0] != [], 2)
+    # A stamp without a gap restarts nothing and sends nothing.
+    notices = router.notices
+    listening.web_tick()
+    time.sleep(0.5)
+    assert router.notices == notices
+
+
+def test_a_request_finding_no_backend_rebuilds_a_table_older_than_a_second(router, echo, monkeypatch):
+    """What no version reports (a node heard again) is checked before a request is refused."""
+    from apps.nodes.models import Node
+
+    monkeypatch.setattr(routing, "CHECK_EVERY_S", 30.0)
+    monkeypatch.setattr(routing, "REBUILD_AT_LEAST_EVERY_S", 300.0)
+    node = loopback_node()
+    bind("rag.embedding@1", server=running_server(node, "echo-a", echo))
+    key = credential(["rag.embedding@1"])
+    silent_while_nobody_listened(node)
+    started(router)
+    assert serve(key, 1) == [503]  # not heard, and the table is fresh: refused, NO_ELIGIBLE_NODE
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now())  # heard: no version moves
+    time.sleep(gateway_module.NO_BACKEND_REBUILD_S + 0.1)
+    assert serve(key, 1) == [200]
