@@ -15,7 +15,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from apps.clusters import services
-from apps.clusters.loadbalancer import cluster_report
+from apps.clusters.loadbalancer import cluster_report, queue_depths
 from apps.clusters.models import Algorithm, Capability, ClientCredential, Cluster, ClusterMember, RoutingTier
 from apps.servers.choices import ServerState
 from apps.servers.models import ModelServer
@@ -28,11 +28,17 @@ MINTED_SESSION_KEY = "clusters.minted_credential"
 
 @staff_required
 def cluster_list(request: HttpRequest) -> HttpResponse:
+    capabilities = list(
+        Capability.objects.select_related("follows", "embedding_space").prefetch_related(
+            "tiers__cluster", "tiers__server"
+        )
+    )
+    depths = queue_depths()  # the gateway's admission queues, across its processes (None: Redis away)
+    for cap in capabilities:
+        cap.waiting = None if depths is None else depths.get(cap.name, 0)  # type: ignore[attr-defined]
     context = {
         "clusters": Cluster.objects.prefetch_related("members__server"),
-        "capabilities": Capability.objects.select_related("follows", "embedding_space").prefetch_related(
-            "tiers__cluster", "tiers__server"
-        ),
+        "capabilities": capabilities,
         "credentials": ClientCredential.objects.all()[:50],
         "capability_names": Capability.objects.order_by("name").values_list("name", flat=True),
         "algorithms": Algorithm.choices,
