@@ -138,7 +138,7 @@ class Admission:
             backend = waiter.candidates[key]
             if not self.room(backend):
                 return
-            self._remove(queue, waiter)
+            self._remove(queue, waiter, served=True)
             self.reserved[key] += 1
             waiter.future.set_result(backend)
 
@@ -218,14 +218,15 @@ class Admission:
         for key in waiter.candidates:
             self.wanting[key] += 1
 
-    def _remove(self, queue: Queue, waiter: Waiter) -> None:
+    def _remove(self, queue: Queue, waiter: Waiter, served: bool = False) -> None:
         waiters = queue.waiting[waiter.credential]
         waiters.remove(waiter)
-        queue.turn.remove(waiter.credential)
-        if waiters:
-            queue.turn.append(waiter.credential)  # served or not, its next waiter goes to the back
-        else:
+        if not waiters:
             del queue.waiting[waiter.credential]
+            queue.turn.remove(waiter.credential)
+        elif served:  # its turn is used: its next waiter goes to the back (one that left keeps its place)
+            queue.turn.remove(waiter.credential)
+            queue.turn.append(waiter.credential)
         queue.count -= 1
         self.waiting -= 1
         shared.queued[queue.capability] -= 1

@@ -241,3 +241,30 @@ def test_a_backend_takes_at_most_its_limit(settings, limit):
         assert shared.in_flight[requests.backend.key] == 0
 
     run(main)
+
+
+def test_a_waiter_that_leaves_does_not_cost_its_credential_its_turn(settings):
+    settings.GATEWAY_QUEUE_MAX_WAITING, settings.GATEWAY_QUEUE_DEADLINE_S = 10, 10
+    admission = Admission()
+    requests = Requests(admission, limited_backend(1))
+
+    async def main() -> None:
+        await requests.start("holder", "x")
+        leaving = Client()
+        tasks = [
+            asyncio.create_task(requests.start("a1", "a")),
+            asyncio.create_task(requests.start("a2", "a", leaving)),
+            asyncio.create_task(requests.start("b1", "b")),
+            asyncio.create_task(requests.start("c1", "c")),
+        ]
+        await asyncio.sleep(0)
+        leaving.left.set()  # a's second goes; a is still first in turn
+        while "a2" not in requests.refused:
+            await asyncio.sleep(0)
+        for _ in range(3):
+            await requests.end_and_next()
+        await asyncio.gather(*tasks)
+        requests.end()
+        assert requests.served == ["holder", "a1", "b1", "c1"]
+
+    run(main)
