@@ -99,6 +99,12 @@ LB_BASE_BENCH_S = read.integer("MODELFORGE_LB_BASE_BENCH_S", 30, minimum=1, maxi
 LB_MAX_BENCH_S = read.integer("MODELFORGE_LB_MAX_BENCH_S", 300, minimum=1, maximum=86400)
 LB_CHURN_WINDOW_S = read.integer("MODELFORGE_LB_CHURN_WINDOW_S", 600, minimum=10, maximum=86400)
 LB_CHURN_THRESHOLD = read.integer("MODELFORGE_LB_CHURN_THRESHOLD", 3, minimum=2, maximum=100)
+# The gateway's admission queue, for backends whose runtime profile sets max_concurrent
+# (apps/gateway/admission.py; docs/CONFIGURATION.md says why these defaults).
+GATEWAY_QUEUE_MAX_WAITING = read.integer(
+    "MODELFORGE_GATEWAY_QUEUE_MAX_WAITING", 100, minimum=1, maximum=100000
+)
+GATEWAY_QUEUE_DEADLINE_S = read.integer("MODELFORGE_GATEWAY_QUEUE_DEADLINE_S", 30, minimum=1, maximum=600)
 # Artifacts: the control plane's store and the supply-chain policy
 # (docs/security/MODEL_SUPPLY_CHAIN_POLICY.md).
 ARTIFACT_STORE = Path(read.string("MODELFORGE_ARTIFACT_STORE", str(MODELFORGE_HOME / "artifacts")) or "")

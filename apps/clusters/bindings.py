@@ -86,6 +86,8 @@ class Backend:
     # The OpenAI paths its runtime profile says the engine serves (every one when the profile is gone:
     # a running server is not cut off because a manifest file was removed).
     endpoints: frozenset[str] = frozenset(ENDPOINT_PATHS.values())
+    # Requests the gateway sends it at once (its runtime profile's ``max_concurrent``); None: no limit.
+    max_concurrent: int | None = None
 
 
 @dataclass(frozen=True)
@@ -121,8 +123,16 @@ def read_bindings() -> tuple[dict[str, list[Binding]], dict[str, str]]:
             or "127.0.0.1"
         )
         profile = profiles.get(server.profile)
-        endpoints = profile.endpoints if profile is not None else frozenset(ENDPOINT_PATHS.values())
-        return Backend(str(server.pk), name, f"http://{host}:{server.port}", weight, endpoints)
+        if profile is None:
+            return Backend(str(server.pk), name, f"http://{host}:{server.port}", weight)
+        return Backend(
+            str(server.pk),
+            name,
+            f"http://{host}:{server.port}",
+            weight,
+            profile.endpoints,
+            profile.max_concurrent,
+        )
 
     members: dict[int, list[ClusterMember]] = {}
     for member in ClusterMember.objects.filter(server__isnull=False):

@@ -15,3 +15,7 @@ ALERT_CAPABILITY_UNSERVED = "CAPABILITY_UNSERVED"
 # A client credential's limits (apps/gateway/limits.py): 429 with Retry-After.
 RATE_LIMITED = "RATE_LIMITED"  # requests or tokens per minute, or concurrent requests
 BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED"  # its token budget for the day or the month (UTC)
+# Admission (apps/gateway/admission.py): every usable backend is at its runtime profile's max_concurrent
+# and the capability's queue is full, or the request waited in it past its deadline. 503 with Retry-After.
+QUEUE_FULL = "QUEUE_FULL"
+QUEUE_TIMEOUT = "QUEUE_TIMEOUT"

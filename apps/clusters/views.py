@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from apps.clusters import playground, services
 from apps.clusters.choices import CredentialKind
-from apps.clusters.loadbalancer import cluster_report
+from apps.clusters.loadbalancer import cluster_report, queue_depths
 from apps.clusters.models import (
     LIMIT_FIELDS,
     Algorithm,
@@ -40,11 +40,17 @@ MINTED_SESSION_KEY = "clusters.minted_credential"
 
 @staff_required
 def cluster_list(request: HttpRequest) -> HttpResponse:
+    capabilities = list(
+        Capability.objects.select_related("follows", "embedding_space").prefetch_related(
+            "tiers__cluster", "tiers__server"
+        )
+    )
+    depths = queue_depths()  # the gateway's admission queues, across its processes (None: Redis away)
+    for cap in capabilities:
+        cap.waiting = None if depths is None else depths.get(cap.name, 0)  # type: ignore[attr-defined]
     context = {
         "clusters": Cluster.objects.prefetch_related("members__server"),
-        "capabilities": Capability.objects.select_related("follows", "embedding_space").prefetch_related(
-            "tiers__cluster", "tiers__server"
-        ),
+        "capabilities": capabilities,
         # An expired playground credential is of no more use to anyone: left out (the admin lists them).
         "credentials": ClientCredential.objects.exclude(
             kind=CredentialKind.PLAYGROUND, expires_at__lte=timezone.now()

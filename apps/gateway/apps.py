@@ -40,6 +40,7 @@ class GatewayConfig(AppConfig):
         web_worker_started.connect(_start_refresher, dispatch_uid="gateway.refresher")
         contributions.register()  # the load balancer's gauges on /metrics
         card.register_report(_card)  # the clusters dashboard's and API's load-balancer card
+        card.register_queue_depths(_queue_depths)  # the capabilities' admission queues, for the dashboard
         # OpenAI-compatible /v1/*, beside Django (apps/gateway/gateway.py).
         lean.route(prefix="/v1/", handler="apps.gateway.gateway.gateway")
 
@@ -48,6 +49,12 @@ def _start_refresher(**kwargs: Any) -> None:
     from apps.gateway.routing import router
 
     router.start()
+
+
+def _queue_depths() -> dict[str, int] | None:
+    from apps.gateway.lbstate import read_queue_depths  # (imported on first use: see _card)
+
+    return read_queue_depths()
 
 
 def _card(cluster: Cluster) -> dict[str, Any]:

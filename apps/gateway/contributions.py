@@ -41,6 +41,26 @@ class LoadBalancerCollector(Collector):
             failures.add_metric([backend], count)
         yield requests
         yield failures
+        yield queue_depth()
+
+
+def queue_depth() -> GaugeMetricFamily:
+    """Requests waiting in the admission queues (apps/gateway/admission.py) per capability, summed over
+    the web processes as of their last flush; every capability has a value, 0 when none waits."""
+    from apps.clusters.models import Capability
+    from apps.gateway.lbstate import read_queue_depths
+
+    family = GaugeMetricFamily(
+        "modelforge_gateway_queue_depth",
+        "Requests waiting at the gateway for a backend below its runtime profile's max_concurrent.",
+        labels=["capability"],
+    )
+    depths = read_queue_depths()
+    if depths is None:  # modelforge_lb_redis_reachable says why
+        return family
+    for name in sorted({*Capability.objects.values_list("name", flat=True), *depths}):
+        family.add_metric([name], depths.get(name, 0))
+    return family
 
 
 class ServingCollector(Collector):

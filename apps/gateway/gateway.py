@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from apps.clusters import codes
+from apps.gateway.admission import QueueRefusal, admission
 from apps.gateway.lbstate import shared
 from apps.gateway.limits import LimitReached, limiter
 from apps.gateway.routing import NOT_KNOWN, Backend, Grant, Table, authorize, not_bound_for, router
@@ -90,7 +91,7 @@ class Gateway:
         call = Call(started)
         try:
             status = await self._serve(scope, receive, send, headers, correlation_id, call)
-        except Refusal as exc:
+        except (Refusal, QueueRefusal) as exc:
             status = exc.status
             await refuse(send, exc.status, exc.code, exc.message, correlation_id, exc.headers)
         except Exception:
@@ -218,8 +219,13 @@ class Gateway:
             usable = [b for b in backends if b.key not in benched] or backends
         else:
             usable = backends
+        # A backend whose runtime profile limits its concurrency: wait for room (apps/gateway/admission.py).
+        limited = admission.limited(usable)
         for _attempt in range(2):  # a request that reached no backend is retried once elsewhere
-            backend = router.pick(usable, algorithm, tried)
+            if limited:
+                backend = await admission.take(usable, algorithm, tried, capability, grant.id, receive)
+            else:
+                backend = router.pick(usable, algorithm, tried)
             if backend is None:
                 break
             tried.add(backend.key)
@@ -375,6 +381,8 @@ class Gateway:
             if response is not None:
                 response.release()
             shared.in_flight[backend.key] -= 1
+            if admission.waiting:  # its slot, straight to the next waiter
+                admission.released(backend.key)
 
 
 def model_object(table: Table, name: str) -> dict[str, Any]:

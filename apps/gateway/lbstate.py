@@ -23,6 +23,7 @@ import os
 import socket
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,8 @@ ERRORS_KEY = "modelforge:lb:errors:{bucket}"  # hash backend -> failed requests
 BUSY_KEY = "modelforge:lb:busy:{bucket}"
 
 INFLIGHT_KEY = "modelforge:lb:inflight:{process}"  # hash backend -> requests in flight, per process
+# hash capability -> requests waiting in the admission queue, per process (apps/gateway/admission.py)
+QUEUED_KEY = "modelforge:lb:queued:{process}"
 PROCESSES_KEY = "modelforge:lb:processes"  # sorted set of live processes by last flush
 PROCESS_TTL_S = 5.0
 
@@ -85,6 +88,12 @@ class SharedState:
         self.process_id = f"{socket.gethostname()}:{os.getpid()}"
         self.in_flight: Counter[str] = Counter()
         self.others_in_flight: Counter[str] = Counter()
+        # Web processes flushing to Redis, this one included (as of the last flush): admission's fair share.
+        self.processes = 1
+        self.queued: Counter[str] = Counter()  # capability -> waiting here (apps/gateway/admission.py)
+        self._queued_written = False
+        # Called after each flush has read the other processes' counts (admission hands out what they free).
+        self.after_flush: Callable[[], None] | None = None
         self.flusher: asyncio.Task[None] | None = None
         self._flush_stopped = False
 
@@ -261,6 +270,15 @@ class SharedState:
                 if live:
                     pipe.hset(mine, mapping=live)
                 pipe.expire(mine, int(PROCESS_TTL_S))
+                # Requests waiting in this process's admission queues, per capability (/metrics, dashboard).
+                waiting: dict[Any, Any] = {k: v for k, v in self.queued.items() if v > 0}
+                if waiting or self._queued_written:
+                    queued = QUEUED_KEY.format(process=self.process_id)
+                    pipe.delete(queued)
+                    if waiting:
+                        pipe.hset(queued, mapping=waiting)
+                        pipe.expire(queued, int(PROCESS_TTL_S))
+                    self._queued_written = bool(waiting)
                 pipe.zadd(PROCESSES_KEY, {self.process_id: now})
                 pipe.zremrangebyscore(PROCESSES_KEY, 0, now - PROCESS_TTL_S)
                 pipe.zrange(PROCESSES_KEY, 0, -1)
@@ -276,6 +294,7 @@ class SharedState:
         except (redis.RedisError, OSError) as exc:
             self._redis_failed(exc)
             self.others_in_flight = Counter()
+            self._queued_written = True  # written again once Redis answers
             self.usage.put_back(used, totals)  # usage is kept until Redis takes it (traffic shares are not)
             return
         benched: dict[str, Bench] = {}
@@ -289,6 +308,9 @@ class SharedState:
             for k, v in (mapping or {}).items():
                 theirs[k.decode() if isinstance(k, bytes) else k] += int(v)
         self.others_in_flight = theirs
+        self.processes = len(others) + 1
+        if self.after_flush is not None:
+            self.after_flush()
 
     def in_flight_estimate(self, key: str) -> int:
         """Requests in flight to ``key`` across every web process: this one's now, the others' as of
@@ -346,6 +368,26 @@ def read_window(minutes: int = 5) -> Window:
     except (redis.RedisError, OSError):
         return Window({}, traffic, errors, busy, False)
     return Window({k: v for k, v in benched.items() if v.until > now}, traffic, errors, busy, True)
+
+
+def read_queue_depths() -> dict[str, int] | None:
+    """Requests waiting in the admission queues per capability, summed over the live web processes as of
+    their last flush; ``None`` when Redis cannot be read."""
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
+    depths: Counter[str] = Counter()
+    try:
+        live = client.zrangebyscore(PROCESSES_KEY, time.time() - PROCESS_TTL_S, "+inf")
+        with client.pipeline(transaction=False) as pipe:
+            for process in live:
+                named = process.decode() if isinstance(process, bytes) else process
+                pipe.hgetall(QUEUED_KEY.format(process=named))
+            found = pipe.execute() if live else []
+    except (redis.RedisError, OSError):
+        return None
+    for mapping in found:
+        for k, v in (mapping or {}).items():
+            depths[k.decode() if isinstance(k, bytes) else k] += int(v)
+    return dict(depths)
 
 
 def read_bench_and_traffic(minutes: int = 5) -> tuple[dict[str, Bench], Counter[str], Counter[str], bool]:

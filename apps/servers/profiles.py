@@ -15,6 +15,8 @@ A profile::
     local_node_only = false          # true for GGUF (llamacpp) servers: never started remotely
     endpoints = ["embeddings"]       # chat | completions | embeddings: what the engine serves (the gateway
                                      # refuses the rest, ENDPOINT_NOT_SERVED); unset: the engine's default
+    max_concurrent = 8               # 1-10000: requests the gateway sends one server at once (the rest
+                                     # wait in its queue, apps/gateway/admission.py); unset: no limit
     [memory]
     rule = "fixed"                   # fixed: per_gpu_gib; weights_factor: factor x weights + overhead_gib
     per_gpu_gib = 2.0
@@ -35,7 +37,8 @@ import tomllib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import msgspec
 
@@ -82,6 +85,15 @@ ProfileName = Annotated[
 ]
 NotNegative = Annotated[float, msgspec.Meta(ge=0, description="must not be negative")]
 HealthPath = Annotated[str, msgspec.Meta(pattern="^/", description="must start with '/'")]
+MAX_CONCURRENT_AT_MOST = 10000
+MaxConcurrent = Annotated[
+    int,
+    msgspec.Meta(
+        ge=1,
+        le=MAX_CONCURRENT_AT_MOST,
+        description=f"must be a whole number from 1 to {MAX_CONCURRENT_AT_MOST} (leave it out for no limit)",
+    ),
+]
 
 
 # Each table of a manifest: any key it does not declare is refused ("is not a known field").
@@ -113,6 +125,7 @@ class Manifest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     shm: ShmSpec = ShmSpec()
     local_node_only: bool | None = None  # unset: true for llamacpp, false otherwise
     endpoints: list[Endpoint] | None = None  # unset: ENGINE_ENDPOINTS[engine]
+    max_concurrent: MaxConcurrent | None = None  # unset: the gateway holds no request back
 
 
 @dataclass(frozen=True)
@@ -143,6 +156,8 @@ class RuntimeProfile:
     source: str
     # The OpenAI paths its engine serves (ENDPOINT_PATHS): the gateway refuses the others.
     endpoints: frozenset[str] = frozenset(ENDPOINT_PATHS.values())
+    # Requests the gateway sends one of its servers at once; None: no limit (apps/gateway/admission.py).
+    max_concurrent: int | None = None
 
     def memory_need(self, weights_bytes: int | None, gpus: int) -> tuple[int, str]:
         """Bytes needed on each GPU (or of RAM on a cpu node), and the rule used, in words."""
@@ -283,6 +298,10 @@ def _convert_section(
 
 def _explain(exc: msgspec.ValidationError, value: object, annotation: Any) -> tuple[str, str]:
     """(where inside the field, what is wrong) for msgspec's error, in the manifest's own words."""
+    if get_origin(annotation) in (Union, UnionType) and type(None) in get_args(annotation):
+        inner = [a for a in get_args(annotation) if a is not type(None)]
+        if len(inner) == 1 and get_origin(inner[0]) is Annotated:  # an optional constrained value
+            annotation = inner[0]
     if get_origin(annotation) is Literal and isinstance(value, str):
         return "", f"{value!r} is not one of {', '.join(get_args(annotation))}"
     if get_origin(annotation) is Annotated:
@@ -301,7 +320,7 @@ def _explain(exc: msgspec.ValidationError, value: object, annotation: Any) -> tu
     wrong = re.fullmatch(r"Expected `(.+?)`, got `(.+?)`", text)
     if wrong:
         expected = wrong[1].removesuffix(" | null")  # an optional field's "unset" is no value to give
-        expected = "a number" if expected == "float" else expected
+        expected = {"float": "a number", "int": "a whole number"}.get(expected, expected)
         return at, f"must be {expected}, not {wrong[2]}"
     return at, text
 
@@ -402,4 +421,5 @@ def _profile(path: Path, manifest: Manifest) -> RuntimeProfile:
         endpoints=frozenset(
             ENDPOINT_PATHS[e] for e in (manifest.endpoints or ENGINE_ENDPOINTS[manifest.engine])
         ),
+        max_concurrent=manifest.max_concurrent,
     )

@@ -12,7 +12,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from apps.gateway.lbstate import BENCH_KEY, SharedState
+from apps.gateway.lbstate import BENCH_KEY, SharedState, read_queue_depths
 
 
 @pytest.fixture
@@ -48,6 +48,29 @@ def test_in_flight_counts_are_seen_by_every_process(clean_redis):
     assert second.in_flight_estimate("b1") == 7  # least-connections in process 2 sees process 1's load
     second.in_flight["b1"] = 2
     assert second.in_flight_estimate("b1") == 9
+
+
+def test_queue_depths_are_summed_over_the_processes_and_cleared_when_the_queues_empty(clean_redis):
+    first, second = two_processes()
+    flushed: list[str] = []
+    first.after_flush = lambda: flushed.append("first")  # admission's recheck, after the others are read
+    first.queued["chat.a@1"], second.queued["chat.a@1"], second.queued["chat.b@1"] = 3, 2, 1
+
+    seen: list[dict[str, int] | None] = []
+
+    async def flush_both() -> None:  # (one loop: each state's Redis client belongs to the loop it began in)
+        await first.flush()
+        await second.flush()
+        await first.flush()  # now it sees the second process
+        seen.append(read_queue_depths())
+        second.queued.clear()
+        await second.flush()
+        seen.append(read_queue_depths())
+
+    run(flush_both)
+    assert seen == [{"chat.a@1": 5, "chat.b@1": 1}, {"chat.a@1": 3}]
+    assert first.processes == 2 and flushed == ["first", "first"]
+    clean_redis.delete("modelforge:lb:queued:host:1", "modelforge:lb:queued:host:2")
 
 
 @pytest.mark.django_db(transaction=True)

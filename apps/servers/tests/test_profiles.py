@@ -204,3 +204,43 @@ ready_check = "{check}"
     assert found["empty.toml: endpoints"].startswith("must name at least one of")
     proven = "must include 'chat': launch.ready_check proves the model with it"
     assert found["unproven.toml: endpoints"] == proven
+
+
+def test_a_profile_may_limit_the_requests_its_servers_take_at_once(tmp_path):
+    base = """
+name = "{name}"
+engine = "vllm"
+accelerator = "cpu"
+{limit}
+[memory]
+rule = "fixed"
+per_gpu_gib = 1
+[launch]
+command = "x"
+args = ["--port", "{{port}}"]
+"""
+    cases = {
+        "unset.toml": "",
+        "eight.toml": "max_concurrent = 8",
+        "zero.toml": "max_concurrent = 0",
+        "huge.toml": "max_concurrent = 10001",
+        "text.toml": 'max_concurrent = "8"',
+        "decimal.toml": "max_concurrent = 1.5",
+        "yes.toml": "max_concurrent = true",
+    }
+    for file, limit in cases.items():
+        write(tmp_path, file, base.format(name=file.removesuffix(".toml"), limit=limit))
+    profiles, problems = load_profiles(tmp_path)
+    # Unset: no limit at the gateway; set: carried on the profile (and on each of its servers' backends).
+    assert set(profiles) == {"unset", "eight"}
+    assert profiles["unset"].max_concurrent is None and profiles["eight"].max_concurrent == 8
+    found = {p.where.split("/")[-1]: p.message for p in problems}
+    assert {p.code for p in problems} == {INVALID_MANIFEST}
+    bounds = "must be a whole number from 1 to 10000 (leave it out for no limit)"
+    assert found == {
+        "zero.toml: max_concurrent": bounds,
+        "huge.toml: max_concurrent": bounds,
+        "text.toml: max_concurrent": "must be a whole number, not str",
+        "decimal.toml: max_concurrent": "must be a whole number, not float",
+        "yes.toml: max_concurrent": "must be a whole number, not bool",
+    }
