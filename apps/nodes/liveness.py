@@ -86,7 +86,7 @@ def _transition(
 # whether either transition has anything to do (a sweep with nothing due -- nearly every sweep -- then
 # reads the table once instead of three times).
 _CENSUS = f"""
-SELECT count(*) FILTER (WHERE last_heartbeat_at < %(before)s
+SELECT count(*) FILTER (WHERE last_heartbeat_at < %(stale_before)s
                           AND (%(confirmed)s::timestamptz IS NULL OR last_heartbeat_at >= %(confirmed)s)),
        count(*),
        min(last_heartbeat_at) FILTER (WHERE last_heartbeat_at < %(before)s),
@@ -98,7 +98,10 @@ FROM {Node._meta.db_table} WHERE liveness = ANY(%(from_states)s)
 
 @dataclass
 class _Census:
-    due: int  # silent past the offline limit and not yet confirmed lost
+    # Silent past the STALE limit and not yet confirmed lost: what the mass-loss guard weighs. Agents beat
+    # on phases of their own, so nodes that went silent together cross the offline limit sweeps apart;
+    # by then every one of them is past the stale limit (which comes a heartbeat interval or more earlier).
+    due: int
     alive: int  # online or stale
     silent_since: datetime | None
     offline_due: int  # silent past the offline limit, confirmed or not
@@ -130,10 +133,12 @@ def sweep(now: datetime | None = None) -> SweepResult:
        broker or database away), every node's grace period restarts now; if no web process has stamped
        for that long, nothing can be heard and nothing moves. Silence is ``now - max(last heartbeat,
        listening since)`` (apps.nodes.listening).
-    1. offline: online or stale nodes silent for longer than ``NODE_OFFLINE_AFTER`` -- unless that is
-       more than ``LIVENESS_MASS_LOSS_FRACTION`` of them in a fleet of at least
-       ``LIVENESS_MASS_LOSS_MIN_NODES``: the control plane suspects itself, holds them stale, fails no
-       server and raises one critical ``NODE_MASS_LOSS`` until an operator confirms or they come back.
+    1. offline: online or stale nodes silent for longer than ``NODE_OFFLINE_AFTER`` -- unless more than
+       ``LIVENESS_MASS_LOSS_FRACTION`` of them, in a fleet of at least ``LIVENESS_MASS_LOSS_MIN_NODES``,
+       are silent past the stale limit (nodes silent together cross the offline limit a heartbeat phase
+       apart; judged one sweep at a time they would go one by one): the control plane suspects itself,
+       holds them stale, fails no server and raises one critical ``NODE_MASS_LOSS`` until an operator
+       confirms or they come back.
     2. stale: online nodes silent for longer than ``NODE_STALE_AFTER``.
     3. alerts: ``node_offline`` (critical) and ``NODE_STALE`` (warning), one statement each,
        de-duplicated by the alerts core -- one per node, or ONE for the fleet when the transition moved

@@ -150,6 +150,24 @@ def test_two_of_three_nodes_silent_at_once_are_held_stale_with_one_critical_aler
     assert offline.subject_type == "fleet" and offline.message.startswith("2 of 3 nodes went offline at once")
 
 
+def test_a_fleet_silent_at_once_with_spread_heartbeats_is_held_not_taken_offline_one_by_one(clock, settings):
+    """Each agent beats on its own phase: nodes that went silent together cross the offline limit in
+    different sweeps. Judged one sweep at a time, the first to cross was one of four, then one of three...
+    and the whole fleet went offline one node at a time. Silence past the stale limit is what is judged."""
+    credentials = fleet(4)
+    sweep()
+    # The control plane's network goes at t = 0: the nodes' last heartbeats were 0, 1, 2 and 3 s before.
+    for credential in credentials:
+        clock.shift(timedelta(seconds=1))
+        beat(credential)
+    moved = sweeping(clock, settings.NODE_OFFLINE_AFTER + 10, step=1)
+    assert moved.offline == []
+    assert states() == {"n0": "stale", "n1": "stale", "n2": "stale", "n3": "stale"}
+    (alert,) = Alert.objects.open().filter(code="NODE_MASS_LOSS")
+    assert alert.message.startswith("4 of 4 online nodes went silent at once")
+    assert not Alert.objects.filter(code="node_offline").exists()
+
+
 def test_nodes_that_come_back_clear_the_hold(clock, settings):
     credentials = fleet(3)
     sweep()
