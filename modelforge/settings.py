@@ -99,6 +99,12 @@ LB_BASE_BENCH_S = read.integer("MODELFORGE_LB_BASE_BENCH_S", 30, minimum=1, maxi
 LB_MAX_BENCH_S = read.integer("MODELFORGE_LB_MAX_BENCH_S", 300, minimum=1, maximum=86400)
 LB_CHURN_WINDOW_S = read.integer("MODELFORGE_LB_CHURN_WINDOW_S", 600, minimum=10, maximum=86400)
 LB_CHURN_THRESHOLD = read.integer("MODELFORGE_LB_CHURN_THRESHOLD", 3, minimum=2, maximum=100)
+# The gateway's probes of its backends (apps/gateway/probe.py; docs/CONFIGURATION.md says why).
+GATEWAY_PROBE_EVERY_S = read.integer("MODELFORGE_GATEWAY_PROBE_EVERY_S", 2, minimum=1, maximum=60)
+GATEWAY_PROBE_TIMEOUT_MS = read.integer(
+    "MODELFORGE_GATEWAY_PROBE_TIMEOUT_MS", 1000, minimum=50, maximum=30000
+)
+GATEWAY_PROBE_FAILURES = read.integer("MODELFORGE_GATEWAY_PROBE_FAILURES", 2, minimum=1, maximum=10)
 # Artifacts: the control plane's store and the supply-chain policy
 # (docs/security/MODEL_SUPPLY_CHAIN_POLICY.md).
 ARTIFACT_STORE = Path(read.string("MODELFORGE_ARTIFACT_STORE", str(MODELFORGE_HOME / "artifacts")) or "")

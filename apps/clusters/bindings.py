@@ -86,6 +86,8 @@ class Backend:
     # The OpenAI paths its runtime profile says the engine serves (every one when the profile is gone:
     # a running server is not cut off because a manifest file was removed).
     endpoints: frozenset[str] = frozenset(ENDPOINT_PATHS.values())
+    # What the gateway probes (its runtime profile's launch.health_path; /health when the profile is gone).
+    health_path: str = "/health"
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,8 @@ def read_bindings() -> tuple[dict[str, list[Binding]], dict[str, str]]:
         )
         profile = profiles.get(server.profile)
         endpoints = profile.endpoints if profile is not None else frozenset(ENDPOINT_PATHS.values())
-        return Backend(str(server.pk), name, f"http://{host}:{server.port}", weight, endpoints)
+        health_path = profile.launch.health_path if profile is not None else "/health"
+        return Backend(str(server.pk), name, f"http://{host}:{server.port}", weight, endpoints, health_path)
 
     members: dict[int, list[ClusterMember]] = {}
     for member in ClusterMember.objects.filter(server__isnull=False):
