@@ -93,6 +93,7 @@ class Prober:
         self.healthy: frozenset[str] = frozenset()  # the request path's one read
         self.known: frozenset[str] = frozenset()
         self._pending: dict[str, asyncio.Future[None]] = {}
+        self._beside: set[asyncio.Task[None]] = set()
         self.task: asyncio.Task[None] | None = None
         self._stopped = False
         self.rounds = 0
@@ -157,7 +158,9 @@ class Prober:
 
     def probe_soon(self, backend: Any) -> None:
         if backend.key not in self._pending:
-            asyncio.get_running_loop().create_task(self.probe(backend))
+            task = asyncio.get_running_loop().create_task(self.probe(backend))
+            self._beside.add(task)  # held until done: the loop keeps only weak references to tasks
+            task.add_done_callback(self._beside.discard)
 
     async def probe(self, backend: Any) -> None:
         """Probe ``backend`` once (or wait for the probe of it already under way)."""
