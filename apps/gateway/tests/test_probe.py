@@ -29,7 +29,7 @@ from apps.clusters.tests.factories import (
     loopback_node,
     running_server,
 )
-from apps.gateway.lbstate import SharedState
+from apps.gateway.lbstate import BENCH_KEY, FAILS_KEY, SharedState
 from apps.gateway.probe import PROBES_KEY, read_verdicts, summary
 from tests.fixtures import (
     PYTHON,
@@ -356,7 +356,7 @@ def test_every_backend_down_is_a_named_503_at_once_and_a_lower_tier_serves_first
         assert wait_until(lambda: probe_state(str(frozen.pk)) == "down", 15, interval=0.1)
         started = time.monotonic()
         refused = call()
-        assert time.monotonic() - started < 1  # at once, not held by a backend that does not answer
+        assert time.monotonic() - started < 1.5  # at once, not held (120 s) by a backend that does not answer
         assert refused.status_code == 503 and refused.json()["code"] == "NO_HEALTHY_BACKEND"
         assert refused.headers["retry-after"] == str(settings.GATEWAY_PROBE_EVERY_S)
         assert "frozen" in refused.json()["message"] and "health probe" in refused.json()["message"]
@@ -367,3 +367,42 @@ def test_every_backend_down_is_a_named_503_at_once_and_a_lower_tier_serves_first
         os.kill(frozen_proc.process.pid, signal.SIGCONT)
     # Back, it serves again from the first tier.
     assert wait_until(lambda: call().headers.get("x-modelforge-backend") == "frozen", 10)
+
+
+def test_a_backend_benched_by_one_gateway_process_is_benched_by_the_other(live_web, slow_prober_web, pair):
+    """Issue 18 item 5, the sin-bin's half: the second process (default bench time, 30 s) benches a backend
+    after its failures; the first routes around it, though it saw none of them."""
+    (_, steady_port), (_, other_port) = pair
+    node = loopback_node()
+    one, two = running_server(node, "one", steady_port), running_server(node, "two", other_port)
+    bind("rag.embedding@1", cluster=cluster_with("pool", [(one, 1), (two, 1)]))
+    key = credential(["rag.embedding@1"])
+    store = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    store.delete(BENCH_KEY, FAILS_KEY.format(key=one.pk), FAILS_KEY.format(key=two.pk))
+
+    def call(url: str, text: str = "x") -> httpx.Response:
+        return httpx.post(
+            url + "/v1/embeddings",
+            json={"model": "rag.embedding@1", "input": text},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=10,
+        )
+
+    try:
+        assert wait_until(lambda: call(slow_prober_web.url).status_code == 200, 15)
+        assert wait_until(lambda: call(live_web.url).status_code == 200, 15)
+        # Failures (the engine asked to answer 502) through the second process, until one is benched.
+        for _ in range(20):
+            assert call(slow_prober_web.url, "__status_502__").status_code == 502
+            if store.hlen(BENCH_KEY):
+                break
+        benched = {k.decode() if isinstance(k, bytes) else k for k in store.hkeys(BENCH_KEY)}
+        assert len(benched) == 1
+        # A good answer from the other ends its run of failures (it is not benched too).
+        assert call(slow_prober_web.url).status_code == 200
+        name = "pool/one" if benched == {str(one.pk)} else "pool/two"
+        time.sleep(1.5)  # the first process's next flush reads the bench list
+        seen = Counter(call(live_web.url).headers["x-modelforge-backend"] for _ in range(10))
+        assert name not in seen and sum(seen.values()) == 10
+    finally:
+        store.delete(BENCH_KEY, FAILS_KEY.format(key=one.pk), FAILS_KEY.format(key=two.pk))
