@@ -187,8 +187,10 @@ class Prober:
                 reason = f"HTTP {status} from {getattr(backend, 'health_path', '/health')}"
         except TimeoutError:
             reason = f"no answer within {timeout_s():g} s"
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
             reason = f"no connection ({type(exc).__name__})"
+        except Exception as exc:  # not an HTTP answer, a URL that is not http://host:port: a failure too
+            reason = f"no health answer ({type(exc).__name__}: {exc})"[:200]
         now = time.time()
         state = self.state.get(backend.key)
         if state is None or state.url != backend.url:

@@ -142,14 +142,18 @@ def test_without_redis_each_process_goes_on_with_its_own_probes(pair, settings):
     alone = SharedState()
     out: list[object] = []
 
+    odd = SimpleNamespace(key="p-odd", name="pool/odd", url="https://127.0.0.1:1", health_path="/health")
+
     async def serve() -> None:
         out.append(await alone.probes.usable([backend]))
         await alone.flush()
         out.append(alone.probes.healthy)
+        out.append(await alone.probes.usable([odd]))  # a failed probe, never an error on the request
 
     run_in_own_loop(serve)
     assert alone.redis_ok is False
-    assert out == [[backend], {"p-alone"}]
+    assert out == [[backend], {"p-alone"}, []]
+    assert "no health answer (ConnectFailed" in alone.probes.why_not([odd])
 
 
 async def _collect(coroutine_function, out: list) -> None:
