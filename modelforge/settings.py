@@ -105,6 +105,12 @@ GATEWAY_QUEUE_MAX_WAITING = read.integer(
     "MODELFORGE_GATEWAY_QUEUE_MAX_WAITING", 100, minimum=1, maximum=100000
 )
 GATEWAY_QUEUE_DEADLINE_S = read.integer("MODELFORGE_GATEWAY_QUEUE_DEADLINE_S", 30, minimum=1, maximum=600)
+# The gateway's probes of its backends (apps/gateway/probe.py; docs/CONFIGURATION.md says why).
+GATEWAY_PROBE_EVERY_S = read.integer("MODELFORGE_GATEWAY_PROBE_EVERY_S", 2, minimum=1, maximum=60)
+GATEWAY_PROBE_TIMEOUT_MS = read.integer(
+    "MODELFORGE_GATEWAY_PROBE_TIMEOUT_MS", 1000, minimum=50, maximum=30000
+)
+GATEWAY_PROBE_FAILURES = read.integer("MODELFORGE_GATEWAY_PROBE_FAILURES", 2, minimum=1, maximum=10)
 # Artifacts: the control plane's store and the supply-chain policy
 # (docs/security/MODEL_SUPPLY_CHAIN_POLICY.md).
 ARTIFACT_STORE = Path(read.string("MODELFORGE_ARTIFACT_STORE", str(MODELFORGE_HOME / "artifacts")) or "")

@@ -88,6 +88,8 @@ class Backend:
     endpoints: frozenset[str] = frozenset(ENDPOINT_PATHS.values())
     # Requests the gateway sends it at once (its runtime profile's ``max_concurrent``); None: no limit.
     max_concurrent: int | None = None
+    # What the gateway probes (its runtime profile's launch.health_path; /health when the profile is gone).
+    health_path: str = "/health"
 
 
 @dataclass(frozen=True)
@@ -123,15 +125,15 @@ def read_bindings() -> tuple[dict[str, list[Binding]], dict[str, str]]:
             or "127.0.0.1"
         )
         profile = profiles.get(server.profile)
-        if profile is None:
-            return Backend(str(server.pk), name, f"http://{host}:{server.port}", weight)
+        endpoints = profile.endpoints if profile is not None else frozenset(ENDPOINT_PATHS.values())
         return Backend(
             str(server.pk),
             name,
             f"http://{host}:{server.port}",
             weight,
-            profile.endpoints,
-            profile.max_concurrent,
+            endpoints,
+            max_concurrent=profile.max_concurrent if profile is not None else None,
+            health_path=profile.launch.health_path if profile is not None else "/health",
         )
 
     members: dict[int, list[ClusterMember]] = {}

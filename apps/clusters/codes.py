@@ -9,6 +9,9 @@ UPSTREAM_REJECTED = "UPSTREAM_REJECTED"
 # The capability's backends run an engine that does not serve the endpoint (their runtime profile's
 # ``endpoints``): refused before any backend is contacted.
 ENDPOINT_NOT_SERVED = "ENDPOINT_NOT_SERVED"
+# Every backend the control plane lists for the capability fails its health probe (apps/gateway/probe.py):
+# 503 with Retry-After, at once, rather than a request held by a backend that does not answer.
+NO_HEALTHY_BACKEND = "NO_HEALTHY_BACKEND"
 
 # Alert: a capability with routing tiers but no running backend (critical); cleared when one runs.
 ALERT_CAPABILITY_UNSERVED = "CAPABILITY_UNSERVED"

@@ -42,6 +42,7 @@ class LoadBalancerCollector(Collector):
         yield requests
         yield failures
         yield queue_depth()
+        yield probe_gauge()
 
 
 def queue_depth() -> GaugeMetricFamily:
@@ -61,6 +62,23 @@ def queue_depth() -> GaugeMetricFamily:
     for name in sorted({*Capability.objects.values_list("name", flat=True), *depths}):
         family.add_metric([name], depths.get(name, 0))
     return family
+
+
+def probe_gauge() -> GaugeMetricFamily:
+    """Each probed backend: 1 when it answers its health probe (every gateway process with a fresh
+    verdict finds it up), 0 when one finds it down (it gets no traffic). Absent: not probed recently."""
+    from apps.gateway.probe import read_verdicts, summary
+
+    gauge = GaugeMetricFamily(
+        "modelforge_gateway_backend_probe_up",
+        "1 when the backend answers the gateway's health probe; 0: no traffic until it does.",
+        labels=["backend", "server"],
+    )
+    for key, verdicts in sorted((read_verdicts() or {}).items()):
+        state = summary(verdicts)
+        name = next((str(v["name"]) for v in verdicts if v.get("name")), key)
+        gauge.add_metric([name, key], 1 if state["state"] == "up" else 0)
+    return gauge
 
 
 class ServingCollector(Collector):

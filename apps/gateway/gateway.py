@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import msgspec
+from django.conf import settings
 
 from apps.clusters import codes
 from apps.gateway.admission import QueueRefusal, admission
@@ -212,6 +213,16 @@ class Gateway:
         tried: set[str] = set()
         if shared.flusher is None:
             shared.start_flushing()  # the counts and the bench list, once a second, beside the requests
+            shared.probes.start(router.backends)  # and the backends' probes (apps/gateway/probe.py)
+        # Health from the data plane: only backends that answered their probe recently get traffic. One
+        # set lookup per candidate; anything else (a newcomer, a backend down) takes the slow path.
+        healthy = shared.probes.healthy
+        for candidate in backends:
+            if candidate.key not in healthy:
+                backends, algorithm = await answering(
+                    table, capability, grant.project, path, backends, algorithm
+                )
+                break
         # Benched backends sit out, unless every candidate is benched: then routing goes on to them
         # rather than to none (and the bench is logged and shown), never a total outage in silence.
         if shared.benched:
@@ -383,6 +394,40 @@ class Gateway:
             shared.in_flight[backend.key] -= 1
             if admission.waiting:  # its slot, straight to the next waiter
                 admission.released(backend.key)
+
+
+async def answering(
+    table: Table, capability: str, project: str, path: str, backends: list[Backend], algorithm: str
+) -> tuple[list[Backend], str]:
+    """The candidates that answer their probes (the newcomers probed now, bounded by the probe timeout);
+    when none of a tier's do, the next tier's (a tier of dead backends is a tier with none running).
+    When no tier has one: ``503 NO_HEALTHY_BACKEND`` with Retry-After, at once — never a request sent to
+    a backend that does not answer (a frozen one would hold it until the read timeout). Unlike the
+    sin-bin, which routes to benched backends rather than to none: a bench is a guess from past errors,
+    a failed probe is the backend failing to answer now, and it is back at its first answered probe."""
+    up = await shared.probes.usable(backends)
+    if up:
+        return up, algorithm
+    down = list(backends)
+    skip = {b.key for b in backends}
+    while True:
+        tier, tier_algorithm, _cluster = router.next_tier(table, capability, project, frozenset(skip))
+        tier = [b for b in tier if b.key not in skip]
+        if not tier:
+            break
+        skip |= {b.key for b in tier}
+        serving = [b for b in tier if path in b.endpoints]
+        up = await shared.probes.usable(serving) if serving else []
+        if up:
+            return up, tier_algorithm
+        down += serving
+    raise Refusal(
+        503,
+        codes.NO_HEALTHY_BACKEND,
+        f"No backend of {capability!r} answers its health probe: {shared.probes.why_not(down)}. The "
+        "control plane lists them running; see their servers' logs and nodes.",
+        {"retry-after": str(settings.GATEWAY_PROBE_EVERY_S)},
+    )
 
 
 def model_object(table: Table, name: str) -> dict[str, Any]:

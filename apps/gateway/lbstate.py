@@ -33,6 +33,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from apps.gateway.limits import add_tokens
+from apps.gateway.probe import PROBES_KEEP_S, PROBES_KEY, Prober
 from apps.gateway.usage import TOTALS_KEY, USAGE_KEEP_S, USAGE_KEY, Meter, tokens_per_credential
 
 logger = logging.getLogger("modelforge.gateway")
@@ -96,6 +97,10 @@ class SharedState:
         self.after_flush: Callable[[], None] | None = None
         self.flusher: asyncio.Task[None] | None = None
         self._flush_stopped = False
+        # Answers from each backend up to the last flush (the counts above are taken by each flush).
+        self._answered_flushed: Counter[str] = Counter()
+        self.probes = Prober(self)  # health from the data plane (apps/gateway/probe.py)
+        self._stale_probes: list[str] = []
 
     def start_flushing(self) -> None:
         """Flush once a second from a task of the running loop (the serving loop; started by the first
@@ -123,6 +128,11 @@ class SharedState:
                 raise asyncio.CancelledError
             if not self._flush_stopped:
                 await asyncio.sleep(FLUSH_EVERY_S)
+
+    def answered(self, key: str) -> int:
+        """Requests ``key`` answered so far in this process (any answer, a 5xx included; not a refused
+        connection or a timeout): the prober's passive evidence that a backend is alive."""
+        return self._answered_flushed[key] + self._traffic[key] - self._errors[key]
 
     @property
     def client(self) -> aioredis.Redis:
@@ -241,6 +251,10 @@ class SharedState:
         traffic, errors, busy = self._traffic, self._errors, self._busy
         self._traffic, self._errors, self._busy = Counter(), Counter(), Counter()
         used, totals = self.usage.take()
+        for key, count in traffic.items():
+            self._answered_flushed[key] += count - errors.get(key, 0)
+        verdicts, stale_probes = self.probes.exported(), self._stale_probes
+        self._stale_probes = []
         try:
             async with self.client.pipeline(transaction=False) as pipe:
                 for field, count in totals.items():  # /metrics: since the first flush
@@ -281,10 +295,17 @@ class SharedState:
                     self._queued_written = bool(waiting)
                 pipe.zadd(PROCESSES_KEY, {self.process_id: now})
                 pipe.zremrangebyscore(PROCESSES_KEY, 0, now - PROCESS_TTL_S)
+                # The probes' verdicts: this process's out, every process's back (apps/gateway/probe.py).
+                if stale_probes:
+                    pipe.hdel(PROBES_KEY, *stale_probes)
+                if verdicts:
+                    pipe.hset(PROBES_KEY, mapping=verdicts)  # type: ignore[arg-type]
+                    pipe.expire(PROBES_KEY, PROBES_KEEP_S)
                 pipe.zrange(PROCESSES_KEY, 0, -1)
                 pipe.hgetall(BENCH_KEY)
+                pipe.hgetall(PROBES_KEY)
                 results = await pipe.execute()
-                others = [p.decode() if isinstance(p, bytes) else p for p in results[-2]]
+                others = [p.decode() if isinstance(p, bytes) else p for p in results[-3]]
                 others = [p for p in others if p != self.process_id]
                 async with self.client.pipeline(transaction=False) as read:
                     for process in others:
@@ -296,9 +317,11 @@ class SharedState:
             self.others_in_flight = Counter()
             self._queued_written = True  # written again once Redis answers
             self.usage.put_back(used, totals)  # usage is kept until Redis takes it (traffic shares are not)
+            self.probes.alone()
             return
+        self._stale_probes = self.probes.take_shared(results[-1])
         benched: dict[str, Bench] = {}
-        for raw_key, raw in (results[-1] or {}).items():
+        for raw_key, raw in (results[-2] or {}).items():
             data = json.loads(raw)
             if data["until"] > now:
                 benched[raw_key.decode() if isinstance(raw_key, bytes) else raw_key] = Bench(**data)

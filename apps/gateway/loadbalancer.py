@@ -9,14 +9,18 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from django.conf import settings
+
 from apps.clusters.models import Cluster, RoutingTier
 from apps.gateway.lbstate import read_window
+from apps.gateway.probe import read_verdicts, summary
 
 WINDOW_MINUTES = 5
 DRIFT_THRESHOLD = 0.10  # absolute difference of shares: "off by more than ~10%"
 STEADY_MIN_REQUESTS = 100  # below this the window is not steady load: no badge
-# The seed's three reasons (erroring is split from benched: a bench is the erroring that sat it out).
-REASONS = ("benched", "erroring", "at_capacity", "parked")
+# The seed's three reasons (erroring is split from benched: a bench is the erroring that sat it out), and
+# failing its health probe (apps/gateway/probe.py): no traffic until it answers.
+REASONS = ("probe_failed", "benched", "erroring", "at_capacity", "parked")
 
 
 @dataclass
@@ -33,11 +37,15 @@ class MemberShare:
     reasons: list[str]  # of REASONS, in that order: what applies to this member now
     reason: str
     bench: dict[str, Any] | None
+    # The gateway processes' probes of it: state up / down / unknown, since, checked_at, reason, processes
+    # (how many have a fresh verdict), down_in (how many of them find it down).
+    probe: dict[str, Any]
 
 
 def cluster_report(cluster: Cluster) -> dict[str, Any]:
     window = read_window(WINDOW_MINUTES)
     benched, traffic, errors, busy = window.benched, window.traffic, window.errors, window.busy
+    verdicts = read_verdicts() or {}
     members = list(cluster.members.select_related("server"))
     attached = [m for m in members if m.server_id is not None]
     total_weight = sum(m.weight for m in attached) or 1
@@ -46,10 +54,12 @@ def cluster_report(cluster: Cluster) -> dict[str, Any]:
     steady = total >= STEADY_MIN_REQUESTS
     now = time.time()
     # Members whose traffic others pick up: benched, erroring, at capacity, or parked.
+    probes = {key: summary(verdicts.get(key)) for key in keys.values()}
     troubled = {
         m.name
         for m in attached
         if m.weight == 0
+        or probes[keys[m.pk]]["state"] == "down"
         or benched.get(keys[m.pk]) is not None
         or errors.get(keys[m.pk], 0)
         or busy.get(keys[m.pk], 0)
@@ -66,6 +76,15 @@ def cluster_report(cluster: Cluster) -> dict[str, Any]:
         bench = benched.get(key) if key else None
         reasons: list[str] = []
         said: list[str] = []
+        probe = probes.get(key) if key else None
+        if probe is not None and probe["state"] == "down":
+            reasons.append("probe_failed")
+            since = time.strftime("%H:%M:%S", time.gmtime(probe["since"]))
+            said.append(
+                f"failing its health probe since {since} UTC ({probe['reason']}; down for "
+                f"{probe['down_in']} of {probe['processes']} gateway process(es)): no traffic until it "
+                "answers"
+            )
         if key is not None and bench is not None:
             since, until = (time.strftime("%H:%M:%S", time.gmtime(t)) for t in (bench.since, bench.until))
             reasons.append("benched")
@@ -87,7 +106,10 @@ def cluster_report(cluster: Cluster) -> dict[str, Any]:
             reason = "; ".join(said)
         elif drift and actual is not None and actual > configured and troubled:
             others = ", ".join(sorted(troubled))
-            reason = f"carrying the share of {others} (benched, erroring, at capacity or parked)"
+            reason = (
+                f"carrying the share of {others} "
+                "(failing its probe, benched, erroring, at capacity or parked)"
+            )
         elif drift:
             reason = "no known reason: requests of very different cost, or a change of weights in the window"
         else:
@@ -106,6 +128,7 @@ def cluster_report(cluster: Cluster) -> dict[str, Any]:
                 reasons=reasons,
                 reason=reason,
                 bench={**bench.as_dict(), "remaining_s": round(bench.until - now, 1)} if bench else None,
+                probe=probe or summary(None),
             )
         )
     shared_tier = (
@@ -125,5 +148,6 @@ def cluster_report(cluster: Cluster) -> dict[str, Any]:
         "requests": total,
         "steady": steady,
         "redis_ok": window.redis_ok,
+        "probe_every_s": settings.GATEWAY_PROBE_EVERY_S,
         "members": [asdict(row) for row in rows],
     }

@@ -332,13 +332,16 @@ class Router:
         return found
 
     def _candidates(
-        self, table: Table, capability: str, project: str
+        self, table: Table, capability: str, project: str, skip: frozenset[str] = frozenset()
     ) -> tuple[list[Backend], str, str | None]:
         """The backends of the first tier that has any for this project; the algorithm to use; the
-        cluster name when one cluster alone serves (None: mixed, weighted round-robin)."""
+        cluster name when one cluster alone serves (None: mixed, weighted round-robin). ``skip``: backends
+        that do not count (the ones failing their probes: a tier of only those passes to the next)."""
         bindings = [b for b in table.bindings.get(capability, []) if b.project in ("", project)]
         for tier in sorted({b.tier for b in bindings}):
             in_tier = [b for b in bindings if b.tier == tier and b.backends]
+            if skip:
+                in_tier = [b for b in in_tier if any(x.key not in skip for x in b.backends)]
             if not in_tier:
                 continue
             if len(in_tier) == 1 and in_tier[0].cluster is not None:
@@ -347,6 +350,24 @@ class Router:
             # algorithms has no principled answer, so weighted round-robin it is.
             return [b for binding in in_tier for b in binding.backends], Algorithm.WEIGHTED_ROUND_ROBIN, None
         return [], Algorithm.WEIGHTED_ROUND_ROBIN, None
+
+    def next_tier(
+        self, table: Table, capability: str, project: str, skip: frozenset[str]
+    ) -> tuple[list[Backend], str, str | None]:
+        """The candidates when every backend in ``skip`` is out (the slow path of a request whose tier has
+        no backend answering its probes): the next tier that has another."""
+        return self._candidates(table, capability, project, skip)
+
+    def backends(self) -> list[Backend]:
+        """Every backend of the current table, once each (what the prober probes)."""
+        table = self._table
+        found: dict[str, Backend] = {}
+        if table is not None:
+            for bindings in table.bindings.values():
+                for binding in bindings:
+                    for backend in binding.backends:
+                        found.setdefault(backend.key, backend)
+        return list(found.values())
 
     def pick(
         self, backends: list[Backend], algorithm: str, exclude: set[str] | None = None

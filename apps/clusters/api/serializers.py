@@ -277,6 +277,19 @@ class BenchSerializer(serializers.Serializer):
     remaining_s = serializers.FloatField()
 
 
+class ProbeSerializer(serializers.Serializer):
+    state = serializers.ChoiceField(
+        choices=["up", "down", "unknown"],
+        help_text="The gateway's health probe of the backend: down when a gateway process finds it down "
+        "(it gets no traffic); unknown when none probed it in the last few seconds.",
+    )
+    since = serializers.FloatField(allow_null=True, help_text="Unix time the state began.")
+    checked_at = serializers.FloatField(allow_null=True, help_text="Unix time of the latest probe.")
+    reason = serializers.CharField(allow_blank=True, help_text="Why the probe failed.")
+    processes = serializers.IntegerField(help_text="Gateway processes with a fresh verdict.")
+    down_in = serializers.IntegerField(help_text="How many of them find it down.")
+
+
 # One member's configured share against its actual share (apps.gateway.loadbalancer.MemberShare). Built
 # with inline_serializer: its field ``errors`` would shadow Serializer.errors as a class attribute.
 MemberShareSerializer = inline_serializer(
@@ -292,6 +305,7 @@ MemberShareSerializer = inline_serializer(
         "drift": serializers.BooleanField(),
         "reason": serializers.CharField(allow_blank=True),
         "bench": BenchSerializer(allow_null=True),
+        "probe": ProbeSerializer(),
     },
 )
 
@@ -305,4 +319,5 @@ class LoadBalancerReportSerializer(serializers.Serializer):
     requests = serializers.IntegerField()
     steady = serializers.BooleanField()
     redis_ok = serializers.BooleanField()
+    probe_every_s = serializers.IntegerField(help_text="How often each gateway process probes a backend.")
     members = serializers.ListField(child=MemberShareSerializer)

@@ -67,7 +67,9 @@ def test_the_badge_appears_with_its_reason_and_clears(operator_client, store, tr
     assert rows["_"]["steady"] is True and rows["_"]["requests"] == 200
     assert rows["a"]["configured_share"] == pytest.approx(2 / 3, abs=0.001)
     assert rows["a"]["actual_share"] == 0.95 and rows["a"]["drift"] is True
-    assert rows["a"]["reason"] == "carrying the share of b, c (benched, erroring, at capacity or parked)"
+    assert rows["a"]["reason"] == (
+        "carrying the share of b, c (failing its probe, benched, erroring, at capacity or parked)"
+    )
     assert rows["b"]["drift"] is True and rows["b"]["reason"].startswith("benched since")
     assert " until " in rows["b"]["reason"] and "(bench 1 in the window)" in rows["b"]["reason"]
     assert "HTTP 502" in rows["b"]["reason"] and rows["b"]["bench"]["count"] == 1
