@@ -69,6 +69,9 @@ class CountingBackend:
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
+            def do_GET(self) -> None:  # the gateway's health probe (apps/gateway/probe.py): not counted
+                self._json(200, {"status": "ok"})
+
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
                 if self.headers.get("X-ModelForge-Probe") is None:  # the space probe of a new binding
