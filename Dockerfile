@@ -18,7 +18,8 @@ COPY modelforge ./modelforge
 COPY apps ./apps
 COPY agent ./agent
 # [backups]: pg_dump/pg_restore of PostgreSQL 16 (the pgserver wheel's binaries), the server's major.
-RUN pip install '.[backups]'
+# The node agent (agent/pyproject.toml, which the control plane depends on) comes from ./agent.
+RUN pip install ./agent '.[backups]'
 
 COPY manage.py ./
 COPY templates ./templates

@@ -10,9 +10,11 @@ BIN := $(VENV)/bin
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+# The node agent is its own distribution (agent/pyproject.toml, on no index): installed from ./agent in
+# the same command as the control plane that depends on it.
+$(VENV)/.installed: pyproject.toml agent/pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[embedded,test,dev]'
+	$(BIN)/python -m pip install --quiet -e ./agent -e '.[embedded,test,dev]'
 	touch $@
 
 install: $(VENV)/.installed
