@@ -1,4 +1,5 @@
-# ModelForge control plane: one image for the web, worker and beat processes (compose/compose.yaml).
+# ModelForge control plane: one image for the web, worker and beat processes (compose/compose.yaml), three
+# commands. The node agent has its own image (Dockerfile.agent).
 FROM python:3.11-slim-bookworm
 
 # The processes run from the source tree in /app (PYTHONPATH): settings find templates/ and static/
@@ -18,7 +19,11 @@ COPY modelforge ./modelforge
 COPY apps ./apps
 COPY agent ./agent
 # [backups]: pg_dump/pg_restore of PostgreSQL 16 (the pgserver wheel's binaries), the server's major.
-RUN pip install '.[backups]'
+# The node agent (agent/pyproject.toml, which the control plane depends on) comes from ./agent.
+# Local source trees: their dependency ranges are in their pyproject.toml files (hadolint's DL3013
+# asks for pins on index packages).
+# hadolint ignore=DL3013
+RUN pip install ./agent '.[backups]'
 
 COPY manage.py ./
 COPY templates ./templates
@@ -31,7 +36,12 @@ RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/modelforge --c
         --shell /usr/sbin/nologin modelforge \
     && mkdir -p /var/lib/modelforge/static /var/lib/modelforge/backups /var/lib/modelforge/artifacts \
     && chown -R modelforge:modelforge /var/lib/modelforge
-USER modelforge
+# Numeric, so that a runtime can tell it is not root (Kubernetes runAsNonRoot) without the image's passwd.
+USER 10001:10001
 
 EXPOSE 8000
+# The web process's liveness (/healthz; `web` is always among the allowed hosts in compose/). The worker
+# and beat run from this image too: compose/compose.yaml gives them their own check instead.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:8000/healthz', headers={'Host': 'web'}), timeout=4)"]
 CMD ["gunicorn", "-c", "python:modelforge.gunicorn_conf", "modelforge.asgi:application"]

@@ -5,14 +5,16 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test install browser services-up services-down lint clean engines test-engines
+.PHONY: run test install browser compose-tool services-up services-down lint clean engines test-engines
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+# The node agent is its own distribution (agent/pyproject.toml, on no index): installed from ./agent in
+# the same command as the control plane that depends on it.
+$(VENV)/.installed: pyproject.toml agent/pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[embedded,test,dev]'
+	$(BIN)/python -m pip install --quiet -e ./agent -e '.[embedded,test,dev]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -26,8 +28,15 @@ browser:
 	  echo "installing Debian's chromium for the browser tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
+# Compose rendering tests (tests/test_compose_render.py) use Debian's docker-compose: it renders
+# `config` without a container engine.
+compose-tool:
+	@command -v docker-compose >/dev/null 2>&1 || { \
+	  echo "installing Debian's docker-compose for the Compose rendering tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null; }
+
 # make test serves real generated text from a real model (the engines below), as CI does.
-test: install browser $(VENV)/.engines
+test: install browser compose-tool $(VENV)/.engines
 	MODELFORGE_TEST_ENGINES=1 $(BIN)/python -m modelforge.devstack test $(PYTEST_ARGS)
 
 # A real engine for the local node: llama.cpp's OpenAI-compatible server and the Gemma 3 270M GGUF, put

@@ -333,6 +333,19 @@ SESSION_COOKIE_HTTPONLY = True
 CSRF_FAILURE_VIEW = "modelforge.middleware.csrf_failure"
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
+# Strict-Transport-Security on answers to HTTPS requests (a year in production; 0 sends none). Django
+# adds it only to a request it sees as secure: behind a proxy that terminates TLS, the proxy sets it.
+SECURE_HSTS_SECONDS = read.integer(
+    "MODELFORGE_HSTS_SECONDS", 31_536_000 if PRODUCTION else 0, minimum=0, maximum=63_072_000
+)
+# includeSubDomains covers names under the one ModelForge answers to, not its siblings; preload only
+# allows a submission to browsers' preload list (nothing submits it).
+SECURE_HSTS_INCLUDE_SUBDOMAINS = read.boolean("MODELFORGE_HSTS_INCLUDE_SUBDOMAINS", PRODUCTION)
+SECURE_HSTS_PRELOAD = read.boolean("MODELFORGE_HSTS_PRELOAD", PRODUCTION)
+# No redirect to HTTPS here (security.W008, `check --deploy`): TLS ends at the proxy in front, which
+# redirects; agents, the load balancer's /healthz and /readyz and Compose's own network reach the web
+# process over plain HTTP, and a redirect would break every one of them.
+SILENCED_SYSTEM_CHECKS = ["security.W008"]
 
 # A 500's body is fixed text; never let Django re-raise to the server, which could add its own.
 DEBUG_PROPAGATE_EXCEPTIONS = False
@@ -369,6 +382,14 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # One stable name per choice set shared by several fields (without them the schema has hashed names
+    # such as State8eeEnum, and `check --deploy` warns: drf_spectacular.W001).
+    "ENUM_NAME_OVERRIDES": {
+        "ServerStateEnum": "apps.servers.choices.ServerState",
+        "CredentialKindEnum": "apps.clusters.choices.CredentialKind",
+        "SeverityEnum": "apps.alerts.choices.Severity",
+        "RestorePhaseNameEnum": "apps.backups.choices.RestorePhaseName",
+    },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "modelforge.openapi.declare_error_envelope",
