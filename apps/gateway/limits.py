@@ -11,8 +11,9 @@ credential without limits costs nothing.
   each process's flush once a second to the current minute's, day's and month's totals; a call is
   admitted while the total is under the limit. Tokens are known only once an answer is complete, so
   calls already admitted can take a total past its limit; none is admitted after.
-- **Concurrent requests**: a sorted set of the calls in flight, each removed when its answer ends (and
-  forgotten after ``IN_FLIGHT_TTL_S`` if its process died holding it).
+- **Concurrent requests**: a sorted set of the calls in flight, each removed when its answer ends (sent
+  with the process's next admission, within ``RELEASE_WITHIN_S``; forgotten after ``IN_FLIGHT_TTL_S`` if
+  its process died holding it).
 
 A refusal is ``429`` with ``Retry-After``: ``RATE_LIMITED`` for the per-minute and concurrency limits,
 ``BUDGET_EXHAUSTED`` for the day and month budgets. With Redis unreachable, limits cannot be checked
