@@ -99,7 +99,7 @@ class Gateway:
             logger.exception("gateway request failed")
             await internal_error(send, correlation_id)
         if call.slot is not None:  # a concurrency slot: given back once the answer has ended
-            await limiter.release(call.grant.id, call.slot)  # type: ignore[union-attr]
+            limiter.release(call.grant.id, call.slot)  # type: ignore[union-attr]
         if call.grant is not None:  # an authorised call: its usage counts (a few increments, no I/O)
             shared.usage.record(
                 call.grant.id,

@@ -11,8 +11,9 @@ credential without limits costs nothing.
   each process's flush once a second to the current minute's, day's and month's totals; a call is
   admitted while the total is under the limit. Tokens are known only once an answer is complete, so
   calls already admitted can take a total past its limit; none is admitted after.
-- **Concurrent requests**: a sorted set of the calls in flight, each removed when its answer ends (and
-  forgotten after ``IN_FLIGHT_TTL_S`` if its process died holding it).
+- **Concurrent requests**: a sorted set of the calls in flight, each removed when its answer ends (sent
+  with the process's next admission, within ``RELEASE_WITHIN_S``; forgotten after ``IN_FLIGHT_TTL_S`` if
+  its process died holding it).
 
 A refusal is ``429`` with ``Retry-After``: ``RATE_LIMITED`` for the per-minute and concurrency limits,
 ``BUDGET_EXHAUSTED`` for the day and month budgets. With Redis unreachable, limits cannot be checked
@@ -22,14 +23,18 @@ blip must not become an outage of every limited credential.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
+import itertools
 import logging
 import math
+import os
+import secrets
 import time
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -128,14 +133,39 @@ def seconds_to_boundaries(now: float) -> tuple[int, int, int]:
     return minute, day, max(1, math.ceil(next_month.timestamp() - now))
 
 
+# A call's id (a member of the credential's sorted sets): this process's random prefix and a counter,
+# unique across processes without a system call (uuid4 reads the kernel's random source every time).
+_CALL_PREFIX = f"{os.getpid():x}.{secrets.token_hex(6)}."
+
+
+# A released slot's ZREM waits this long for an admission to leave with (one system call for both).
+RELEASE_WITHIN_S = 0.002
+
+
+def _bulk(value: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(value), value)
+
+
 class Limiter:
-    """One per web process: the admission script, and the release of concurrency slots."""
+    """One per web process: the admission script, and the release of concurrency slots.
+
+    A call's ``EVALSHA`` is assembled from parts encoded once: per credential and minute its keys, per
+    set of limits their arguments, per second the seconds to the next minute, day and month; only the
+    time and the call's id are encoded per call."""
 
     def __init__(self) -> None:
         self._client: aioredis.Redis | None = None
         self._lean: LeanRedis | None = None
         self._script: object = None
+        self._background: set[asyncio.Future[Any]] = set()
         self.redis_ok = True
+        self._calls = itertools.count()
+        self._minute = -1  # the minute the caches below were made in (cleared when it turns)
+        self._heads: dict[str, bytes] = {}  # credential: EVALSHA, its digest and its five keys, encoded
+        self._limit_args: dict[Limits, bytes] = {}
+        self._second = -1
+        self._boundaries = b""
+        self._releases: dict[str, bytes] = {}  # credential: ZREM and its in-flight key, encoded
 
     def lean(self) -> LeanRedis | None:
         """The lean client (apps/gateway/resp.py) for a plain ``redis://`` URL; None: use redis-py."""
@@ -156,37 +186,49 @@ class Limiter:
             )
         return self._client
 
-    async def admit(self, credential: str, limits: Limits) -> str | None:
-        """Admit one call (returns its id, to release) or raise ``LimitReached``."""
-        now = time.time()
-        call = uuid.uuid4().hex
-        minute, day, month = seconds_to_boundaries(now)
-        argv = [
-            int(now * 1000),
-            call,
-            *(
-                -1 if v is None else v
+    def _evalsha(self, credential: str, limits: Limits, now: float, call: str) -> bytes:
+        """The encoded ``EVALSHA`` of ``ADMIT`` for one call (its arguments as documented above it)."""
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            minute_n = second // 60
+            if minute_n != self._minute:
+                self._minute = minute_n
+                self._heads.clear()
+                self._limit_args.clear()
+            self._boundaries = b"".join(_bulk(b"%d" % s) for s in seconds_to_boundaries(now))
+        head = self._heads.get(credential)
+        if head is None:
+            head = self._heads[credential] = b"*19\r\n$7\r\nEVALSHA\r\n" + b"".join(
+                _bulk(part.encode()) for part in (ADMIT_SHA, "5", *keys(credential, self._minute * 60))
+            )
+        limit_args = self._limit_args.get(limits)
+        if limit_args is None:
+            limit_args = self._limit_args[limits] = b"".join(
+                _bulk(b"%d" % (-1 if v is None else v))
                 for v in (
                     limits.requests_per_minute,
                     limits.tokens_per_minute,
                     limits.max_concurrent,
                     limits.tokens_per_day,
                     limits.tokens_per_month,
+                    IN_FLIGHT_TTL_S * 1000,
                 )
-            ),
-            IN_FLIGHT_TTL_S * 1000,
-            minute,
-            day,
-            month,
-        ]
+            )
+        return head + _bulk(b"%d" % int(now * 1000)) + _bulk(call.encode()) + limit_args + self._boundaries
+
+    async def admit(self, credential: str, limits: Limits) -> str | None:
+        """Admit one call (returns its id, to release) or raise ``LimitReached``."""
+        now = time.time()
+        call = _CALL_PREFIX + str(next(self._calls))
         try:
             lean = self.lean()
             if lean is not None:
-                answer = await lean.evalsha(ADMIT_SHA, ADMIT, keys(credential, now), argv)
+                answer = await lean.run_script(self._evalsha(credential, limits, now, call), ADMIT)
             else:
                 if self._script is None:
                     self._script = self.client().register_script(ADMIT)
-                answer = await self._script(keys=keys(credential, now), args=argv)  # type: ignore[operator]
+                answer = await self._script(keys=keys(credential, now), args=_argv(limits, now, call))  # type: ignore[operator]
         except (redis.RedisError, OSError, RespError) as exc:
             if self.redis_ok:
                 logger.warning(
@@ -198,7 +240,7 @@ class Limiter:
         if not self.redis_ok:
             logger.warning("Redis reachable again: credential limits are enforced")
             self.redis_ok = True
-        if int(answer[0]) == 0:
+        if answer[0] == 0:
             return call if limits.max_concurrent is not None else None
         which = answer[2].decode() if isinstance(answer[2], bytes) else str(answer[2])
         limit = getattr(limits, which)
@@ -207,16 +249,49 @@ class Limiter:
             code, MESSAGES[which].format(limit=limit), max(1, math.ceil(int(answer[1]) / 1000))
         )
 
-    async def release(self, credential: str, call: str) -> None:
-        in_flight = KEY.format(credential=credential, what="in-flight")
-        with contextlib.suppress(
-            redis.RedisError, OSError, RespError
-        ):  # else forgotten after IN_FLIGHT_TTL_S
-            lean = self.lean()
-            if lean is not None:
-                await lean.command("ZREM", in_flight, call)
-            else:
-                await self.client().zrem(in_flight, call)
+    def release(self, credential: str, call: str) -> None:
+        """Give a call's concurrency slot back. Sent, not awaited: it leaves on the one connection with
+        the next admission this process sends, or alone ``RELEASE_WITHIN_S`` after the answer ended,
+        whichever is first, so this process's next admission is always checked after it. Held that
+        moment longer, a slot can only refuse a call, never admit one too many. If it is lost (Redis
+        away), the slot is forgotten after ``IN_FLIGHT_TTL_S``."""
+        lean = self.lean()
+        if lean is not None:
+            head = self._releases.get(credential)
+            if head is None:
+                if len(self._releases) > 10_000:
+                    self._releases.clear()
+                in_flight = KEY.format(credential=credential, what="in-flight").encode()
+                head = self._releases[credential] = b"*3\r\n$4\r\nZREM\r\n" + _bulk(in_flight)
+            lean.fire(head + _bulk(call.encode()), RELEASE_WITHIN_S)
+            return
+        task = asyncio.ensure_future(self._release_with_redis_py(credential, call))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _release_with_redis_py(self, credential: str, call: str) -> None:
+        with contextlib.suppress(redis.RedisError, OSError):  # else forgotten after IN_FLIGHT_TTL_S
+            await self.client().zrem(KEY.format(credential=credential, what="in-flight"), call)
+
+
+def _argv(limits: Limits, now: float, call: str) -> list[Any]:
+    """``ADMIT``'s arguments, for redis-py."""
+    return [
+        int(now * 1000),
+        call,
+        *(
+            -1 if v is None else v
+            for v in (
+                limits.requests_per_minute,
+                limits.tokens_per_minute,
+                limits.max_concurrent,
+                limits.tokens_per_day,
+                limits.tokens_per_month,
+            )
+        ),
+        IN_FLIGHT_TTL_S * 1000,
+        *seconds_to_boundaries(now),
+    ]
 
 
 def add_tokens(pipe: object, credential: str, tokens: int, now: float) -> None:

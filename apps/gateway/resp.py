@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 TIMEOUT_S = 0.5
+# [0]: the admission script's usual reply (apps/gateway/limits.py), read without the parser.
+ADMITTED = b"*1\r\n:0\r\n"
 
 
 class RespError(Exception):
@@ -70,40 +73,114 @@ def parse(buffer: bytes | bytearray, at: int = 0) -> tuple[Any, int] | None:
 
 
 class _Protocol(asyncio.Protocol):
-    def __init__(self) -> None:
+    """The connection: commands written at the end of the loop's turn (those of one turn leave in one
+    system call), replies handed to their waiters in order. One watchdog, not a timer per command: a
+    reply later than ``timeout`` after its command fails the connection."""
+
+    def __init__(self, timeout: float = TIMEOUT_S) -> None:
         self.transport: asyncio.Transport | None = None
-        self.pending: collections.deque[asyncio.Future[Any]] = collections.deque()
+        self.loop = asyncio.get_running_loop()
+        self.timeout = timeout
+        # A waiter per command sent, in order; None: a reply nobody waits for (``LeanRedis.fire``).
+        self.pending: collections.deque[asyncio.Future[Any] | None] = collections.deque()
+        self.sent_at: collections.deque[float] = collections.deque()
+        self.out: list[bytes] = []
+        self.scheduled = False  # a flush at the end of this turn
+        self.delayed: asyncio.TimerHandle | None = None  # a flush in a moment (``send``'s ``within``)
+        self.watchdog: asyncio.TimerHandle | None = None
         self.buffer = bytearray()
         self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
+    def send(self, data: bytes, waiter: asyncio.Future[Any] | None, within: float = 0.0) -> None:
+        """Queue one encoded command; its reply goes to ``waiter`` (None: dropped). It leaves at the end
+        of the loop's turn, or with ``within`` (seconds) with the next command sent, at the latest
+        ``within`` from now."""
+        now = self.loop.time()
+        self.pending.append(waiter)
+        self.sent_at.append(now)
+        self.out.append(data)
+        if not within:
+            if not self.scheduled:
+                self.scheduled = True
+                self.loop.call_soon(self._flush)
+        elif not self.scheduled and (self.delayed is None or now + within < self.delayed.when()):
+            if self.delayed is not None:
+                self.delayed.cancel()
+            self.delayed = self.loop.call_at(now + within, self._flush_delayed)
+        if self.watchdog is None:
+            self.watchdog = self.loop.call_at(now + self.timeout, self._watch)
+
+    def _flush_delayed(self) -> None:
+        self.delayed = None
+        self._flush()
+
+    def _flush(self) -> None:
+        self.scheduled = False
+        if self.delayed is not None:  # what it waited to send leaves now
+            self.delayed.cancel()
+            self.delayed = None
+        if not self.out or self.lost or self.transport is None:
+            self.out.clear()
+            return
+        data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
+        self.out.clear()
+        self.transport.write(data)
+
+    def _watch(self) -> None:
+        self.watchdog = None
+        if not self.sent_at or self.lost:
+            return
+        # A reply late past the timeout would be taken for the next command's: the connection is dropped.
+        deadline = self.sent_at[0] + self.timeout
+        if self.loop.time() >= deadline:
+            self._fail(RespUnavailable(f"no reply within {self.timeout} s"))
+        else:
+            self.watchdog = self.loop.call_at(deadline, self._watch)
+
     def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        at = 0
-        while self.pending:
-            try:
-                found = parse(self.buffer, at)
-            except (RespUnavailable, ValueError) as exc:
-                self._fail(RespUnavailable(str(exc)))
-                return
-            if found is None:
-                break
-            reply, at = found
-            waiter = self.pending.popleft()
-            if not waiter.done():
+        if self.buffer:
+            self.buffer += data
+            buffer: bytes | bytearray = self.buffer
+        else:
+            buffer = data
+        at, size = 0, len(buffer)
+        pending, sent_at = self.pending, self.sent_at
+        while pending and at < size:
+            # The usual replies, without the general parser: the admission script's "admitted", an integer.
+            if buffer.startswith(ADMITTED, at):
+                reply: Any = [0]
+                at += len(ADMITTED)
+            else:
+                try:
+                    found = parse(buffer, at)
+                except (RespUnavailable, ValueError) as exc:
+                    self._fail(RespUnavailable(str(exc)))
+                    return
+                if found is None:
+                    break
+                reply, at = found
+            waiter = pending.popleft()
+            sent_at.popleft()
+            if waiter is not None and not waiter.done():
                 waiter.set_result(reply)
-        del self.buffer[:at]
+        if buffer is self.buffer:
+            del self.buffer[:at]
+        elif at < size:
+            self.buffer += buffer[at:]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(RespUnavailable(f"connection lost ({exc})" if exc else "connection closed"))
 
     def _fail(self, error: Exception) -> None:
         self.lost = True
+        self.out.clear()
+        self.sent_at.clear()
         while self.pending:
             waiter = self.pending.popleft()
-            if not waiter.done():
+            if waiter is not None and not waiter.done():
                 waiter.set_exception(error)
         if self.transport is not None:
             self.transport.close()
@@ -121,11 +198,16 @@ class LeanRedis:
         self.timeout = timeout
         self._protocol: _Protocol | None = None
         self._connecting: asyncio.Future[_Protocol] | None = None
-        self._shas: dict[str, str] = {}
+        self._fired: set[asyncio.Future[None]] = set()
 
     @staticmethod
     def supports(url: str) -> bool:
         return urlsplit(url).scheme == "redis"
+
+    def ready(self) -> _Protocol | None:
+        """The connection when it is up (the hot path's check, no coroutine); None: ``_connection``."""
+        protocol = self._protocol
+        return protocol if protocol is not None and not protocol.lost else None
 
     async def _connection(self) -> _Protocol:
         protocol = self._protocol
@@ -142,9 +224,10 @@ class LeanRedis:
 
     async def _connect(self) -> _Protocol:
         loop = asyncio.get_running_loop()
+        timeout = self.timeout
         try:
             _, protocol = await asyncio.wait_for(
-                loop.create_connection(_Protocol, self.host, self.port), self.timeout
+                loop.create_connection(lambda: _Protocol(timeout), self.host, self.port), timeout
             )
         except (TimeoutError, OSError) as exc:
             raise RespUnavailable(f"cannot connect to {self.host}:{self.port} ({exc})") from None
@@ -162,17 +245,11 @@ class LeanRedis:
             raise RespUnavailable(f"{command[0]} refused: {reply}")
         return reply
 
-    async def _send(self, protocol: _Protocol, data: bytes) -> Any:
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[Any] = loop.create_future()
-        protocol.pending.append(waiter)
-        assert protocol.transport is not None
-        protocol.transport.write(data)
-        timer = loop.call_later(self.timeout, _time_out, protocol, waiter)
-        try:
-            return await waiter
-        finally:
-            timer.cancel()
+    @staticmethod
+    def _send(protocol: _Protocol, data: bytes) -> asyncio.Future[Any]:
+        waiter: asyncio.Future[Any] = protocol.loop.create_future()
+        protocol.send(data, waiter)
+        return waiter
 
     async def command(self, *command: Any) -> Any:
         """One command's reply; ``RespError`` for an error reply, ``RespUnavailable`` when none came."""
@@ -181,18 +258,35 @@ class LeanRedis:
             raise reply
         return reply
 
+    def fire(self, command: bytes, within: float = 0.0) -> None:
+        """Send one encoded command (``encode``) whose reply nobody awaits: no waiter, no timer. Sent
+        in order with the others on the connection, with the next one sent if that comes ``within``
+        seconds (one system call for both), else alone; lost with the connection (the caller accepts
+        that)."""
+        protocol = self.ready()
+        if protocol is not None:
+            protocol.send(command, None, within)
+            return
+        task = asyncio.ensure_future(self._fire_when_connected(command))
+        self._fired.add(task)
+        task.add_done_callback(self._fired.discard)
+
+    async def _fire_when_connected(self, command: bytes) -> None:
+        with contextlib.suppress(RespUnavailable, OSError):
+            (await self._connection()).send(command, None)
+
     async def evalsha(self, sha: str, script: str, keys: list[str], args: list[Any]) -> Any:
         """Run ``script`` by its digest, loading it once when the server does not have it (NOSCRIPT)."""
-        protocol = await self._connection()
-        reply = await self._send(protocol, encode("EVALSHA", sha, len(keys), *keys, *args))
+        return await self.run_script(encode("EVALSHA", sha, len(keys), *keys, *args), script)
+
+    async def run_script(self, evalsha: bytes, script: str) -> Any:
+        """``evalsha``, an encoded ``EVALSHA`` of ``script``: its reply; the script loaded first when the
+        server lacks it (NOSCRIPT), then the same command again."""
+        protocol = self.ready() or await self._connection()
+        reply = await self._send(protocol, evalsha)
         if isinstance(reply, RespError) and str(reply).startswith("NOSCRIPT"):
-            reply = await self._send(protocol, encode("EVAL", script, len(keys), *keys, *args))
+            await self.command("SCRIPT", "LOAD", script)
+            reply = await self._send(await self._connection(), evalsha)
         if isinstance(reply, RespError):
             raise reply
         return reply
-
-
-def _time_out(protocol: _Protocol, waiter: asyncio.Future[Any]) -> None:
-    # A reply late past the timeout would be taken for the next command's: the connection is dropped.
-    if not waiter.done():
-        protocol._fail(RespUnavailable(f"no reply within {TIMEOUT_S} s"))

@@ -85,3 +85,24 @@ def test_a_silent_or_absent_server_fails_the_waiting_calls_and_a_new_connection_
     silent.close()
     assert outcomes[0].startswith("no reply within") and len(outcomes) == 3
     assert outcomes[2].startswith("cannot connect")
+
+
+def test_a_fired_command_leaves_with_the_next_one_or_alone_after_its_moment():
+    """``fire``: no reply awaited; sent in order before a command that follows within its moment, and
+    alone when none follows (the release of a concurrency slot, apps/gateway/limits.py)."""
+    plain = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    plain.delete("mf-test:fired", "mf-test:alone")
+    seen: list[object] = []
+
+    async def main() -> None:
+        client = LeanRedis(settings.CELERY_BROKER_URL)
+        await client.command("PING")  # connected: a fired command goes straight onto the connection
+        client.fire(encode("SET", "mf-test:fired", "1"), within=5.0)
+        seen.append(await client.command("GET", "mf-test:fired"))  # sent after it, in the same write
+        client.fire(encode("SET", "mf-test:alone", "1"), within=0.05)
+        await asyncio.sleep(0.3)
+        seen.append(plain.get("mf-test:alone"))
+        seen.append(await client.command("ECHO", "in order"))  # its reply was dropped, not taken for this
+
+    run_in_own_loop(main)
+    assert seen == [b"1", b"1", b"in order"]
