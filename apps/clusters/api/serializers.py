@@ -277,7 +277,7 @@ class BenchSerializer(serializers.Serializer):
     remaining_s = serializers.FloatField()
 
 
-class ProbeSerializer(serializers.Serializer):
+class BackendProbeSerializer(serializers.Serializer):
     state = serializers.ChoiceField(
         choices=["up", "down", "unknown"],
         help_text="The gateway's health probe of the backend: down when a gateway process finds it down "
@@ -305,7 +305,7 @@ MemberShareSerializer = inline_serializer(
         "drift": serializers.BooleanField(),
         "reason": serializers.CharField(allow_blank=True),
         "bench": BenchSerializer(allow_null=True),
-        "probe": ProbeSerializer(),
+        "probe": BackendProbeSerializer(),
     },
 )
 
