@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import time
 import zlib
@@ -50,6 +51,9 @@ LEADER_KEEPALIVE_S = KEEPALIVE_IDLE_S + KEEPALIVE_INTERVAL_S * KEEPALIVE_COUNT
 # A standby says it is waiting at start and then this often, so its log shows it alive.
 STANDBY_LOG_EVERY_S = 300.0
 CLAIM_PREFIX = "modelforge:beat:sent:"
+# Each beat says its role here (``leader`` or ``standby``), refreshed every retry and expiring after three:
+# ``redis-cli --scan --pattern 'modelforge:beat:role:*'`` lists the beats alive and which one leads.
+ROLE_PREFIX = "modelforge:beat:role:"
 CLAIM_SHARE = 0.9
 
 
@@ -154,6 +158,7 @@ class Scheduler(DatabaseScheduler):
         self._lock = LeaderLock()
         self._standby_logged_at: float | None = None
         self._claims: redis.Redis | None = None
+        self._role_said: tuple[str, float] | None = None
         super().__init__(*args, **kwargs)
 
     @property
@@ -174,6 +179,7 @@ class Scheduler(DatabaseScheduler):
                         retry,
                     )
                     self._standby_logged_at = now
+                self._say_role(retry)
                 return retry
             logger.info("beat leader on %s: holds the leader lock, scheduling", self._hostname)
             # Read the schedule afresh: the previous leader's last_run_at is in the database.
@@ -181,6 +187,7 @@ class Scheduler(DatabaseScheduler):
             self._heap = None
         delay: float = super().tick(*args, **kwargs)
         beat_ticked.send(sender=type(self), hostname=self._hostname)
+        self._say_role(retry)
         # A leader never sleeps past the standby's retry: it checks its lock at least that often.
         return min(delay, retry)
 
@@ -197,6 +204,18 @@ class Scheduler(DatabaseScheduler):
             logger.warning("beat: %s not sent, this period was already sent by a beat", entry.name)
             return None
         return super().apply_async(entry, producer=producer, advance=advance, **kwargs)
+
+    def _say_role(self, retry: float) -> None:
+        """Best effort: a Redis that does not answer costs the key, never a tick."""
+        now, role = time.monotonic(), self.role
+        if self._role_said is not None and self._role_said[0] == role and now - self._role_said[1] < retry:
+            return
+        try:
+            key = f"{ROLE_PREFIX}{self._hostname}:{os.getpid()}"
+            self._claim_client().set(key, role, ex=int(3 * retry) + 1)
+        except (redis.RedisError, OSError):
+            return
+        self._role_said = (role, now)
 
     def _claim_client(self) -> redis.Redis:
         if self._claims is None:

@@ -19,7 +19,7 @@ import signal
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -30,7 +30,7 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from apps.backups import codes, snapshot
 from apps.backups.models import Backup, BackupState
-from modelforge.beat import CLAIM_PREFIX, claim_period
+from modelforge.beat import CLAIM_PREFIX, ROLE_PREFIX, claim_period
 from tests.fixtures import PYTHON, RunningProcess, database_url, process_env, start_process, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
@@ -105,6 +105,8 @@ def test_two_beats_one_leads_the_standby_takes_over_and_no_period_is_sent_twice(
         assert wait_until(lambda: len(sends(first.log())) >= 3, 30), first.log()[-3000:]
         assert sends(second.log()) == []
         assert "beat leader on" not in second.log()
+        roles = sorted(cast(bytes, client.get(key)).decode() for key in client.scan_iter(ROLE_PREFIX + "*"))
+        assert roles == ["leader", "standby"], roles
 
         kill(first)
         killed_at = datetime.now()
@@ -155,7 +157,8 @@ def test_two_workers_the_one_running_a_backup_killed_the_backup_fails_closed_onc
         MODELFORGE_DATABASE_URL=database_url(), MODELFORGE_REDIS_URL=url, MODELFORGE_LOG_LEVEL="INFO"
     )
     workers = {name: worker(env, name, tmp_path / f"{name}.log") for name in ("one", "two")}
-    client = Celery("several-processes", broker=url)
+    # Not the current app: shared tasks sent later in this test session must go to the session broker.
+    client = Celery("several-processes", broker=url, set_as_current=False)
     holder: psycopg.Connection[Any] | None = None
     try:
         assert wait_until(lambda: len(client.control.ping(timeout=0.5)) == 2, 60), {
