@@ -2,7 +2,8 @@
 
 - Two beats: one holds the leader lock and schedules, the other waits as a standby; the leader killed with
   SIGKILL, the standby schedules within ``MODELFORGE_BEAT_STANDBY_RETRY_S`` (plus start-up slack), and no
-  period of the entry is sent twice across the two.
+  period of the entry is sent twice across the two. A leader whose lock session is ended under it steps
+  down before its next tick.
 - Two workers: the one running a backup killed with SIGKILL mid-dump; the backup fails closed once
   (``MANIFEST_INCOMPLETE``, swept by the surviving worker), and the same task delivered again does nothing.
 
@@ -129,6 +130,34 @@ def test_two_beats_one_leads_the_standby_takes_over_and_no_period_is_sent_twice(
         kill(first)
         if second is not None:
             second.stop()
+
+
+def test_a_leader_whose_lock_session_is_ended_stops_scheduling_and_takes_the_lock_again(
+    own_redis: tuple[str, redis.Redis], tmp_path: Path
+):
+    url, _ = own_redis
+    env = process_env(
+        MODELFORGE_DATABASE_URL=database_url(),
+        MODELFORGE_REDIS_URL=url,
+        MODELFORGE_BEAT_STANDBY_RETRY_S=str(RETRY_S),
+        MODELFORGE_LOG_LEVEL="INFO",
+    )
+    argv = [PYTHON, "-m", "celery", "-A", "modelforge", "beat", "-l", "INFO", "--pidfile="]
+    only = start_process(argv, env, tmp_path / "only.log")
+    try:
+        assert wait_until(lambda: "beat leader on" in only.log(), 60), only.log()[-3000:]
+        with psycopg.connect(database_url(), autocommit=True) as admin:
+            ended = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'modelforge-beat-leader' AND datname = current_database()"
+            ).fetchall()
+        assert ended == [(True,)]
+        # It notices before its next tick, stops leading, and tries the (now free) lock again at once.
+        assert wait_until(lambda: "lock's session failed" in only.log(), RETRY_S + 5), only.log()[-3000:]
+        assert wait_until(lambda: only.log().count("beat leader on") == 2, 2 * RETRY_S + 5), only.log()[-999:]
+        assert only.process.poll() is None
+    finally:
+        only.stop()
 
 
 def test_a_period_is_claimed_once_however_many_beats_ask(own_redis: tuple[str, redis.Redis]):
