@@ -430,6 +430,12 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "socket_connect_timeout": 3,
 }
 CELERY_BEAT_SCHEDULER = "modelforge.beat:Scheduler"
+# Several beats: one holds a PostgreSQL advisory lock and schedules; the others wait as standbys and try the
+# lock this often, which bounds the takeover after the leader dies (modelforge/beat.py, docs/RELIABILITY.md).
+BEAT_STANDBY_RETRY_S = read.integer("MODELFORGE_BEAT_STANDBY_RETRY_S", 5, minimum=1, maximum=60)
+# Write each entry's last_run_at as soon as it is sent (django-celery-beat's default: every ~3 minutes), so
+# a beat taking over finds the old leader's bookkeeping current and does not find every entry due at once.
+CELERY_BEAT_SYNC_EVERY = 1
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 # The beat schedule is data; django-celery-beat copies it into its tables (editable in the admin).
