@@ -96,6 +96,11 @@ def test_metrics_are_refused_without_the_operator_key():
     assert response["WWW-Authenticate"].startswith("Bearer ")
 
 
+def test_the_playground_credential_is_refused_without_a_staff_session():
+    surfaces.envelope(Client().post("/clusters/playground/credential"), 401, "NOT_AUTHENTICATED")
+    assert Client().get("/clusters/playground/credential").status_code == 405  # POST only, never a key
+
+
 def test_the_admin_sends_a_browser_without_a_session_to_its_own_login():
     for url in ("/admin/", "/admin/nodes/node/", "/admin/auth/user/1/change/"):
         response = Client().get(url)

@@ -87,7 +87,7 @@ class Prober:
     def __init__(self, owner: Any) -> None:
         # The process's SharedState: its id, and the real answers from a backend so far (passive evidence).
         self.owner = owner
-        self.state: dict[str, ProbeState] = {}
+        self.verdicts: dict[str, ProbeState] = {}
         # Fresh verdicts of the other processes, per backend, as of the last flush.
         self.others: dict[str, list[dict[str, Any]]] = {}
         self.healthy: frozenset[str] = frozenset()  # the request path's one read
@@ -117,7 +117,7 @@ class Prober:
         """Each backend's last probe failure, in words, for the refusal."""
         said = []
         for backend in backends:
-            state = self.state.get(backend.key)
+            state = self.verdicts.get(backend.key)
             theirs = [v for v in self.others.get(backend.key, []) if v.get("up") is False]
             if state is not None and state.up is False:
                 said.append(f"{backend.name} ({state.reason})")
@@ -145,15 +145,15 @@ class Prober:
             try:
                 backends = backends_now()
                 keys = {b.key for b in backends}
-                for key in [k for k in self.state if k not in keys]:
-                    del self.state[key]  # out of the table: unknown again if it comes back
+                for key in [k for k in self.verdicts if k not in keys]:
+                    del self.verdicts[key]  # out of the table: unknown again if it comes back
                 await asyncio.gather(*(self.probe(b) for b in backends))
                 self.rounds += 1
                 self.recompute()
             except Exception:  # never let the prober die: the next round tries again
                 logger.exception("backends not probed")
                 backends = []
-            suspects = any(s.fails and s.up is not False for s in self.state.values())
+            suspects = any(s.fails and s.up is not False for s in self.verdicts.values())
             await asyncio.sleep(min(every_s(), SUSPECT_RECHECK_S) if suspects else every_s())
 
     def probe_soon(self, backend: Any) -> None:
@@ -192,9 +192,9 @@ class Prober:
         except Exception as exc:  # not an HTTP answer, a URL that is not http://host:port: a failure too
             reason = f"no health answer ({type(exc).__name__}: {exc})"[:200]
         now = time.time()
-        state = self.state.get(backend.key)
+        state = self.verdicts.get(backend.key)
         if state is None or state.url != backend.url:
-            state = self.state[backend.key] = ProbeState(backend.name, backend.url, None, 0, now, now, "")
+            state = self.verdicts[backend.key] = ProbeState(backend.name, backend.url, None, 0, now, now, "")
         state.checked_at = now
         if not reason:
             if state.up is False:
@@ -229,8 +229,8 @@ class Prober:
     def recompute(self) -> None:
         now = time.time()
         stale = stale_after_s()
-        own_up = {k for k, s in self.state.items() if s.up}
-        own_known = {k for k, s in self.state.items() if s.up is not None}
+        own_up = {k for k, s in self.verdicts.items() if s.up}
+        own_known = {k for k, s in self.verdicts.items() if s.up is not None}
         down_elsewhere: set[str] = set()
         up_elsewhere: set[str] = set()
         for key, verdicts in self.others.items():
@@ -250,7 +250,7 @@ class Prober:
         """This process's verdicts, for the flush to write."""
         return {
             f"{key}{SEP}{self.owner.process_id}": json.dumps(state.export())
-            for key, state in self.state.items()
+            for key, state in self.verdicts.items()
             if state.up is not None
         }
 
