@@ -48,7 +48,7 @@ OWN_CREDENTIALS: dict[str, str] = {
     "api:agent-enroll": "an agent's single-use enrollment token, in the body",
     "api:docs": "the API browser: a browser without a session goes to the log-in page",
     "metrics": "the operator key or a staff session, answered in Prometheus's format",
-    "clusters:playground-credential": "a staff session, answered as the JSON envelope (the Playground's fetch)",
+    "clusters:playground-credential": "a staff session, answered as the JSON envelope (the page fetches it)",
 }
 
 
