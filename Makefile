@@ -15,6 +15,9 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml agent/pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ./agent -e '.[embedded,test,dev]'
+	@# A virtualenv made before the agent was its own distribution: removing the old package took the
+	@# agent's console script with it (its file list named the script). Put it back.
+	@test -x $(BIN)/modelforge-agent || $(BIN)/python -m pip install --quiet --no-deps --force-reinstall -e ./agent
 	touch $@
 
 install: $(VENV)/.installed
