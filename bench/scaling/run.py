@@ -194,16 +194,6 @@ def main() -> int:
                 if b"redis-server" in cmdline and str(REDIS_PORT).encode() in cmdline:
                     redis_pids.append(int(entry.name))
 
-        def node_updates() -> int:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_stat_force_next_flush()")
-                cursor.execute("SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'nodes_node'")
-                return int(cursor.fetchone()[0])
-
-        time.sleep(1.5)  # the web processes' backends report their counters about once a second
-        updates_before = node_updates()
-        connection.close()
-
         stop = threading.Event()
         sweeps: list[tuple[float, float]] = []
         samples: list[tuple[float, float, dict[str, int]]] = []
@@ -271,6 +261,7 @@ def main() -> int:
         time.sleep(max(0.0, args.seconds - 0.5))
         wrk_after = cpu_seconds(wrk_pids)
         results = [result(proc) for proc in load]
+        load_ended = time.time()
         elapsed = time.monotonic() - started
         stop.set()
         for thread in threads:
@@ -284,11 +275,20 @@ def main() -> int:
         redis_cpu = sum(cpu_seconds(redis_pids).get(pid, 0) - t for pid, t in redis_before_cpu.items())
         wrk_cpu = sum(wrk_after.get(pid, 0) - t for pid, t in wrk_before.items())
         bench_cpu = time.process_time() - bench_before
+        # What the fleet looks like to the control plane: nodes heard from in the load's last interval (each
+        # should have been; a heartbeat is answered 200 only once its batch has committed) and nodes not
+        # online.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FILTER (WHERE last_heartbeat_at >= to_timestamp(%s)), "
+                "count(*) FILTER (WHERE liveness <> 'online') FROM nodes_node",
+                [load_ended - args.interval],
+            )
+            current, not_online = cursor.fetchone()
+        connection.close()
         for web in webs:
             os.killpg(web.pid, signal.SIGTERM)
             web.wait(30)
-        time.sleep(1.0)
-        recorded = node_updates() - updates_before
         redis_after, prefixes = redis_figures(env["MODELFORGE_REDIS_URL"])
 
         sent = sum(r["requests"] for r in results)
@@ -300,7 +300,8 @@ def main() -> int:
         )
         print(
             f"  heartbeats/s   offered {rate:7.0f}   sent {sent / seconds:7.0f}   "
-            f"recorded (node row updates) {recorded / elapsed:7.0f}   "
+            f"recorded {current / args.interval:7.0f} (nodes heard in the last {args.interval:g} s of load: "
+            f"{current} of {args.nodes}; not online: {not_online})   "
             f"non-2xx {sum(r['non_2xx'] for r in results)}   "
             f"socket errors {sum(r['errors'] for r in results)}"
         )
