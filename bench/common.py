@@ -25,8 +25,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def throwaway_stack() -> Iterator[tuple[Path, dict[str, str]]]:
-    """Start the stack, migrate, export its settings into this process; yield (workdir, env)."""
+def throwaway_stack(
+    pg_port: int | None = None, redis_port: int | None = None
+) -> Iterator[tuple[Path, dict[str, str]]]:
+    """Start the stack, migrate, export its settings into this process; yield (workdir, env). The ports are
+    free ones unless given."""
     sys.path.insert(0, str(ROOT))
     from modelforge.embedded import EmbeddedStack
 
@@ -38,8 +41,8 @@ def throwaway_stack() -> Iterator[tuple[Path, dict[str, str]]]:
         MODELFORGE_DEBUG="false",
         MODELFORGE_LOG_LEVEL="WARNING",
         MODELFORGE_HOME=str(workdir / "home"),
-        MODELFORGE_EMBEDDED_PG_PORT=str(free_port()),
-        MODELFORGE_EMBEDDED_REDIS_PORT=str(free_port()),
+        MODELFORGE_EMBEDDED_PG_PORT=str(pg_port or free_port()),
+        MODELFORGE_EMBEDDED_REDIS_PORT=str(redis_port or free_port()),
         MODELFORGE_SECRET_KEY=secrets.token_urlsafe(48),
         MODELFORGE_OPERATOR_API_KEY=secrets.token_urlsafe(32),
         MODELFORGE_CLUSTER_SECRET=secrets.token_urlsafe(32),
