@@ -184,6 +184,30 @@ class LiveWeb:
     process: RunningProcess
 
 
+def start_web(log_path: Path, **overrides: str) -> LiveWeb:
+    """Another web process (gunicorn, one worker) on a free port of its own, on the test database and
+    Redis, quiet about a missing worker and beat and without listening stamps (as ``live_web``);
+    ``overrides`` are further settings. Answering /healthz when returned; ``.process.stop()`` it."""
+    port = free_port()
+    env = process_env(
+        MODELFORGE_DATABASE_URL=database_url(),
+        MODELFORGE_BIND=f"127.0.0.1:{port}",
+        MODELFORGE_WEB_WORKERS="1",
+        MODELFORGE_WORKER_MISSING_AFTER="86400",
+        MODELFORGE_BEAT_MISSING_AFTER="86400",
+        MODELFORGE_LISTENING_STAMPS="false",
+        **overrides,
+    )
+    running = start_process(
+        [PYTHON, "-m", "gunicorn", "-c", "python:modelforge.gunicorn_conf", "modelforge.asgi:application"],
+        env,
+        log_path,
+    )
+    url = f"http://127.0.0.1:{port}"
+    assert wait_until(lambda: http_ok(url + "/healthz"), 60), running.log()
+    return LiveWeb(url, running)
+
+
 @pytest.fixture(scope="session")
 def live_web(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveWeb]:
     """The real web application under gunicorn + uvicorn workers, on the test database."""

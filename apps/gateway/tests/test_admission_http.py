@@ -27,13 +27,8 @@ from apps.clusters.models import Capability
 from apps.clusters.tests.factories import bind, credential, echo_backend, loopback_node
 from apps.servers.models import ModelServer
 from tests.fixtures import (
-    PYTHON,
     LiveWeb,
-    database_url,
-    free_port,
-    http_ok,
-    process_env,
-    start_process,
+    start_web,
     wait_until,
 )
 
@@ -67,29 +62,16 @@ def limited_web(django_db_setup, tmp_path_factory) -> Iterator[LiveWeb]:
     shutil.copytree(ROOT / "config", config)
     for name, limit in (("test-echo-one", 1), ("test-echo-two", 2)):
         (config / "runtimes" / f"{name}.toml").write_text(LIMITED.format(name=name, limit=limit))
-    port = free_port()
-    env = process_env(
-        MODELFORGE_DATABASE_URL=database_url(),
-        MODELFORGE_BIND=f"127.0.0.1:{port}",
-        MODELFORGE_WEB_WORKERS="1",
+    web = start_web(
+        home / "web.log",
         MODELFORGE_LOG_LEVEL="INFO",
         MODELFORGE_CONFIG_DIR=str(config),
         MODELFORGE_GATEWAY_QUEUE_MAX_WAITING=str(MAX_WAITING),
         MODELFORGE_GATEWAY_QUEUE_DEADLINE_S=str(DEADLINE_S),
-        MODELFORGE_WORKER_MISSING_AFTER="86400",
-        MODELFORGE_BEAT_MISSING_AFTER="86400",
-        MODELFORGE_LISTENING_STAMPS="false",
         MODELFORGE_HEARTBEAT_INTERVAL="1",
     )
-    running = start_process(
-        [PYTHON, "-m", "gunicorn", "-c", "python:modelforge.gunicorn_conf", "modelforge.asgi:application"],
-        env,
-        home / "web.log",
-    )
-    url = f"http://127.0.0.1:{port}"
-    assert wait_until(lambda: http_ok(url + "/healthz"), 60), running.log()
-    yield LiveWeb(url, running)
-    running.stop()
+    yield web
+    web.process.stop()
 
 
 @pytest.fixture

@@ -21,15 +21,11 @@ from apps.clusters.tests.factories import bind, credential, echo_backend, loopba
 from apps.gateway.limits import Limiter, Limits
 from apps.gateway.resp import LeanRedis
 from tests.fixtures import (
-    PYTHON,
     LiveWeb,
     clear_usage,
-    database_url,
     free_port,
-    http_ok,
-    process_env,
     run_in_own_loop,
-    start_process,
+    start_web,
     wait_until,
 )
 
@@ -48,24 +44,9 @@ def echo(tmp_path):
 @pytest.fixture
 def second_web(live_web, tmp_path) -> Iterator[LiveWeb]:
     """Another web process on a port of its own, on the same database and Redis: a second gateway."""
-    port = free_port()
-    env = process_env(
-        MODELFORGE_DATABASE_URL=database_url(),
-        MODELFORGE_BIND=f"127.0.0.1:{port}",
-        MODELFORGE_WEB_WORKERS="1",
-        MODELFORGE_WORKER_MISSING_AFTER="86400",
-        MODELFORGE_BEAT_MISSING_AFTER="86400",
-        MODELFORGE_LISTENING_STAMPS="false",
-    )
-    running = start_process(
-        [PYTHON, "-m", "gunicorn", "-c", "python:modelforge.gunicorn_conf", "modelforge.asgi:application"],
-        env,
-        tmp_path / "second-web.log",
-    )
-    url = f"http://127.0.0.1:{port}"
-    assert wait_until(lambda: http_ok(url + "/healthz"), 60), running.log()
-    yield LiveWeb(url, running)
-    running.stop()
+    web = start_web(tmp_path / "second-web.log")
+    yield web
+    web.process.stop()
 
 
 def chat(url: str, key: str, text: str = "a b c", **extra: object) -> httpx.Response:

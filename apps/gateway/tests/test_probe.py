@@ -32,14 +32,9 @@ from apps.clusters.tests.factories import (
 from apps.gateway.lbstate import BENCH_KEY, FAILS_KEY, SharedState
 from apps.gateway.probe import PROBES_KEY, read_verdicts, summary
 from tests.fixtures import (
-    PYTHON,
     LiveWeb,
-    database_url,
-    free_port,
-    http_ok,
-    process_env,
     run_in_own_loop,
-    start_process,
+    start_web,
     wait_until,
 )
 
@@ -284,25 +279,9 @@ def test_a_frozen_backend_under_load_is_out_within_seconds_and_back_after_sigcon
 def slow_prober_web(live_web, tmp_path) -> Iterator[LiveWeb]:
     """A second gateway process whose own probes come once a minute: within a test it knows a backend is
     down only from the other process."""
-    port = free_port()
-    env = process_env(
-        MODELFORGE_DATABASE_URL=database_url(),
-        MODELFORGE_BIND=f"127.0.0.1:{port}",
-        MODELFORGE_WEB_WORKERS="1",
-        MODELFORGE_WORKER_MISSING_AFTER="86400",
-        MODELFORGE_BEAT_MISSING_AFTER="86400",
-        MODELFORGE_LISTENING_STAMPS="false",
-        MODELFORGE_GATEWAY_PROBE_EVERY_S="60",
-    )
-    running = start_process(
-        [PYTHON, "-m", "gunicorn", "-c", "python:modelforge.gunicorn_conf", "modelforge.asgi:application"],
-        env,
-        tmp_path / "second-web.log",
-    )
-    url = f"http://127.0.0.1:{port}"
-    assert wait_until(lambda: http_ok(url + "/healthz"), 60), running.log()
-    yield LiveWeb(url, running)
-    running.stop()
+    web = start_web(tmp_path / "second-web.log", MODELFORGE_GATEWAY_PROBE_EVERY_S="60")
+    yield web
+    web.process.stop()
 
 
 def test_a_backend_found_down_by_one_gateway_process_is_out_for_another(live_web, slow_prober_web, pair):
