@@ -178,6 +178,10 @@ def bounded_pick(
         return None, False
     in_flight = sum(load(b.key) for b in choices)
     factor = cap_pct / 100 * (in_flight + 1) / total_weight
+    if ring.points:  # the usual case, home usable and within its cap: no walk
+        home = ring.backends[ring.owners[bisect.bisect_left(ring.points, point) % len(ring.points)]]
+        if home.key in allowed and load(home.key) + 1 <= math.ceil(factor * home.weight):
+            return home, True
     first = True
     for backend in ring.walk(point):
         home, first = first, False
