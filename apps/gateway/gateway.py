@@ -68,7 +68,9 @@ NO_BACKEND_REBUILD_S = 1.0
 
 
 # Request headers the gateway looks at; the others are never decoded.
-_WANTED_HEADERS = frozenset({b"authorization", b"x-correlation-id", b"content-length"})
+_WANTED_HEADERS = frozenset(
+    {b"authorization", b"x-correlation-id", b"content-length", SESSION_HEADER.encode()}
+)
 
 
 class Refusal(Exception):
