@@ -129,6 +129,59 @@ async def aread_engine_signals(client: aioredis.Redis, now: float | None = None)
     return signals
 
 
+@dataclass(frozen=True)
+class EngineView:
+    """One server's engine signals as a page or the API shows them."""
+
+    state: str  # "reported" | "stale" | "not_reported" | "unknown" (Redis could not be asked)
+    signals: EngineSignals | None = None
+    age_s: float | None = None  # seconds since the heartbeat that carried them
+
+    @property
+    def kv_percent(self) -> int | None:
+        kv = self.signals.kv_cache_used if self.signals else None
+        return None if kv is None else round(kv * 100)
+
+    def as_payload(self) -> dict[str, Any]:
+        s = self.signals
+        return {
+            "state": self.state,
+            "running": s.running if s else None,
+            "waiting": s.waiting if s else None,
+            "kv_cache_used": s.kv_cache_used if s else None,
+            "reported_at": s.at if s else None,
+        }
+
+
+_views_client: tuple[str, redis.Redis] | None = None
+
+
+def _client_for_views() -> redis.Redis:
+    global _views_client
+    url = str(settings.CELERY_BROKER_URL)
+    if _views_client is None or _views_client[0] != url:  # tests point at Redis of their own
+        _views_client = (
+            url,
+            redis.Redis.from_url(url, socket_connect_timeout=TIMEOUT_S, socket_timeout=TIMEOUT_S),
+        )
+    return _views_client[1]
+
+
+def engine_view(server_id: str, node_id: str | None, now: float | None = None) -> EngineView:
+    """What the server's engine last reported, for the dashboard and the servers API (one HGET; Redis
+    away: ``unknown``, never an error). Signals from a node other than the server's are not shown."""
+    try:
+        raw = _client_for_views().hget(ENGINE_SIGNALS_KEY, server_id)
+    except (redis.RedisError, OSError):
+        return EngineView("unknown")
+    signals = EngineSignals.decode(raw) if raw is not None else None
+    if signals is None or (node_id is not None and signals.node_id != node_id):
+        return EngineView("not_reported")
+    current = time.time() if now is None else now
+    state = "reported" if signals.fresh(current, max_age_s()) else "stale"
+    return EngineView(state, signals, max(current - signals.at, 0.0))
+
+
 def queue_engine_signals(pipe: Any, signals: Mapping[str, EngineSignals]) -> None:
     """The write, queued on a pipeline (sync or async): one HSET of every server, the hash's TTL renewed."""
     pipe.hset(ENGINE_SIGNALS_KEY, mapping={server: s.encode() for server, s in signals.items()})
