@@ -19,6 +19,8 @@ import pytest
 
 from agent.engine_signals import EngineSignals, parse_samples, reading_from
 from agent.processes import RUNNING, ProcessManager
+from agent.protocol import signed_headers
+from tests.agent.support import CLUSTER_SECRET, RecordingControlPlane, run_agent
 from tests.agent.test_processes import ECHO, wait_for
 
 # As llama-server --metrics publishes them (tools/server: counters, then gauges; builds since mid-2025
@@ -300,3 +302,55 @@ def test_the_echo_engine_without_metrics_has_none(tmp_path: Path):
     finally:
         reader.close()
         manager.stop("plain")
+
+
+def test_the_running_agent_reports_its_servers_engine_signals_with_its_heartbeats(
+    agent_env: dict[str, str], control_plane: RecordingControlPlane, tmp_path: Path
+):
+    """The whole agent: a server launched through its signed port, then heartbeats carrying its figures.
+    Before the launch, and for a server whose engine has none, the body has no ``servers`` at all."""
+    port = int(agent_env["MODELFORGE_AGENT_PORT"])
+    models = tmp_path / "state" / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    (models / "tiny.gguf").write_bytes(b"GGUF")  # the launch checks the model is on the node
+    launched: list[int] = []
+
+    def launch(server_id: str, metrics: list[str]) -> None:
+        spec = {
+            **ECHO,
+            "server_id": server_id,
+            "model": "tiny.gguf",
+            "args": [*ECHO["args"], *metrics],
+            "meta": {"engine": "llamacpp" if metrics else "test"},
+        }
+        body = json.dumps(spec).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/servers",
+            data=body,
+            headers={
+                "Content-Type": "application/json",
+                **signed_headers(CLUSTER_SECRET, "POST", "/v1/servers", body),
+            },
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            launched.append(response.status)
+
+    def reported() -> bool:
+        beats = control_plane.heartbeats
+        if beats and not launched:
+            launch("with-metrics", ["--metrics", "llamacpp"])
+            launch("without", [])
+        return any("servers" in beat.json() for beat in beats)
+
+    assert run_agent(agent_env, reported, timeout=30) == 0
+    assert launched == [200, 200]
+    bodies = [beat.json() for beat in control_plane.heartbeats]
+    assert "servers" not in bodies[0]
+    (entry,) = next(body["servers"] for body in bodies if "servers" in body)
+    assert entry["server_id"] == "with-metrics"
+    assert {k: entry["engine"][k] for k in ("running", "waiting", "kv_cache_used")} == {
+        "running": 0,
+        "waiting": 0,
+        "kv_cache_used": None,
+    }
+    assert abs(entry["engine"]["at"] - time.time()) < 30
