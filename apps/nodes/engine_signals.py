@@ -7,11 +7,11 @@ The agent reads its engines' metrics at heartbeat time and reports them in the h
 the heartbeat arrived (one clock for writer and readers: a node's clock never decides freshness) and
 ``node`` the id of the node that reported it (the only node whose credential could write it).
 
-No database write: a heartbeat's signals cost one Redis command (HSET of all its servers, with the
-hash's EXPIRE in the same pipeline), and the heartbeats that arrive together go in one write
-(``EngineSignalsWriter``). Best effort: the heartbeat is answered without waiting for it, and with Redis
-unreachable the signals are dropped, said once per outage in the log; Redis is not asked again for a
-few seconds, so an outage costs no heartbeat anything.
+No database write: the heartbeats that arrive within a tenth of a second go to Redis in one write, one
+HSET of all their servers with the hash's EXPIRE in the same pipeline (``EngineSignalsWriter``). Best
+effort: the heartbeat is answered without waiting for it, and with Redis unreachable the signals are
+dropped, said once per outage in the log; Redis is not asked again for a few seconds, so an outage
+costs no heartbeat anything.
 
 Readers: ``read_engine_signals`` (redis-py) and ``aread_engine_signals`` (redis.asyncio), one HGETALL;
 the gateway's once-a-second flush (apps/gateway/engines.py) and the servers' pages use them, and judge
@@ -42,6 +42,10 @@ KEY_TTL_S = 3600
 FIELD_FORGOTTEN_AFTER_S = 600
 # After Redis fails, signals are dropped without asking it for this long.
 RETRY_REDIS_AFTER_S = 5.0
+# The writer gathers heartbeats for this long before it writes them: at most ten writes a second per web
+# process whatever the heartbeat rate (bench/heartbeats: --engine-servers), and a tenth of a second is
+# nothing against signals refreshed once per heartbeat interval and read once a second.
+GATHER_S = 0.1
 TIMEOUT_S = 0.5
 
 
@@ -199,7 +203,8 @@ def write_engine_signals(client: redis.Redis, signals: Mapping[str, EngineSignal
 
 class EngineSignalsWriter:
     """The heartbeat endpoint's writer, one per process: ``submit`` never waits; whatever is submitted
-    while a write is in flight goes together in the next one (a server's latest signals win)."""
+    within ``GATHER_S`` of the first, or while a write is in flight, goes together in the next write (a
+    server's latest signals win)."""
 
     def __init__(self) -> None:
         self._url: str | None = None
@@ -236,6 +241,7 @@ class EngineSignalsWriter:
 
     async def _flush(self) -> None:
         while self._pending:
+            await asyncio.sleep(GATHER_S)
             batch, self._pending = self._pending, {}
             if self._down and time.monotonic() < self._down_until:
                 continue  # Redis failed a moment ago: dropped, not queued (they are stale by then anyway)
