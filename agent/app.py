@@ -25,7 +25,7 @@ from agent.client import (
     ControlPlaneError,
     ControlPlaneRefused,
 )
-from agent.engine_signals import EngineSignals
+from agent.engine_signals import EngineSignalReader
 from agent.heartbeat import HeartbeatLoop, backoff_delay, heartbeat_payload
 from agent.home import AGENT_HOME_NOT_WRITABLE, check_writable
 from agent.identity import IDENTITY_FILE_INVALID, Identity, IdentityFileInvalid, load_identity, save_identity
@@ -226,7 +226,7 @@ def run(environ: Mapping[str, str], stop: threading.Event | None = None) -> int:
 
     client = ControlPlaneClient(settings.control_plane_url)
     server: AgentServer | None = None
-    signals: EngineSignals | None = None
+    signals: EngineSignalReader | None = None
     try:
         identity = obtain_identity(settings, accelerator, client, stop)
         if identity is None:
@@ -261,12 +261,11 @@ def run(environ: Mapping[str, str], stop: threading.Event | None = None) -> int:
         )
         # The model servers this agent launched: their GPU memory is "managed", the rest external.
         # Their engines' load (running, waiting, KV cache), where the engine publishes it.
-        signals = EngineSignals()
-        readers = signals
+        signals = reader = EngineSignalReader()  # ``reader``: never None, for the closure
         loop = HeartbeatLoop(
             client,
             identity.credential,
-            lambda: heartbeat_payload(settings, accelerator, processes.pids(), readers.read(processes.all())),
+            lambda: heartbeat_payload(settings, accelerator, processes.pids(), reader.read(processes.all())),
             # The first heartbeat goes out at once; its answer carries the control plane's interval.
             settings.heartbeat_interval_s,
             stop,

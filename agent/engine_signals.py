@@ -211,7 +211,7 @@ def fetch_metrics(client: httpx.Client, port: int, deadline: float) -> str:
     return body.decode("utf-8", "replace")
 
 
-class EngineSignals:
+class EngineSignalReader:
     """Reads every running server's engine figures for one heartbeat; remembers which have none."""
 
     def __init__(

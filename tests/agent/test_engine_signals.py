@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agent.engine_signals import EngineSignals, parse_samples, reading_from
+from agent.engine_signals import EngineSignalReader, parse_samples, reading_from
 from agent.processes import RUNNING, ProcessManager
 from agent.protocol import signed_headers
 from tests.agent.support import CLUSTER_SECRET, RecordingControlPlane, run_agent
@@ -187,7 +187,7 @@ class Managed:
 
 def test_each_running_server_is_reported_with_its_engines_figures(engines):
     llama, vllm = engines(), engines(text=VLLM)
-    reader = EngineSignals(clock=lambda: 1234.5)
+    reader = EngineSignalReader(clock=lambda: 1234.5)
     try:
         entries = reader.read(
             [
@@ -207,7 +207,7 @@ def test_each_running_server_is_reported_with_its_engines_figures(engines):
 
 def test_a_hung_engine_never_delays_the_heartbeat_nor_hides_the_others(engines):
     hung, fine = engines(delay_s=3), engines()
-    reader = EngineSignals(timeout_s=0.25)
+    reader = EngineSignalReader(timeout_s=0.25)
     try:
         started = time.monotonic()
         entries = reader.read([Managed("hung", hung.port), Managed("fine", fine.port)])
@@ -230,7 +230,7 @@ def test_an_engine_without_metrics_is_asked_again_only_after_the_retry_time_and_
     caplog.set_level(logging.INFO, logger="agent")
     caplog.set_level(logging.WARNING, logger="httpx")  # as the agent runs (agent/__main__.py)
     engine = engines(**options)
-    reader = EngineSignals(retry_s=0.5)
+    reader = EngineSignalReader(retry_s=0.5)
     try:
         readings = [reader.read([Managed("s", engine.port)]) for _ in range(5)]
         assert engine.hits == 1
@@ -246,7 +246,7 @@ def test_an_engine_without_metrics_is_asked_again_only_after_the_retry_time_and_
 def test_an_engine_that_is_gone_reports_nothing_and_logs_nothing_above_debug(caplog):
     caplog.set_level(logging.INFO, logger="agent")
     caplog.set_level(logging.WARNING, logger="httpx")  # as the agent runs (agent/__main__.py)
-    reader = EngineSignals()
+    reader = EngineSignalReader()
     try:
         probe = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
         port = probe.server_address[1]
@@ -268,7 +268,7 @@ def test_the_echo_engine_with_metrics_reports_the_requests_it_is_answering(tmp_p
         "meta": {"engine": dialect},
     }
     server = manager.launch(spec)
-    reader = EngineSignals()
+    reader = EngineSignalReader()
     try:
         assert wait_for(lambda: server.state == RUNNING), list(server.output)
         assert reader.read(manager.all())[0]["engine"]["running"] == 0
@@ -295,7 +295,7 @@ def test_the_echo_engine_with_metrics_reports_the_requests_it_is_answering(tmp_p
 def test_the_echo_engine_without_metrics_has_none(tmp_path: Path):
     manager = ProcessManager(tmp_path)
     server = manager.launch({**ECHO, "server_id": "plain", "meta": {"engine": "test"}})
-    reader = EngineSignals()
+    reader = EngineSignalReader()
     try:
         assert wait_for(lambda: server.state == RUNNING), list(server.output)
         assert reader.read(manager.all()) == []
