@@ -257,6 +257,10 @@ class EngineSignalReader:
                 "server %s: its engine's metrics not read (%s)", server.server_id, type(exc).__name__
             )
             return None
+        except Exception:
+            # Whatever else: the signals are an extra, never a reason to miss a heartbeat.
+            logger.debug("server %s: its engine's metrics not read", server.server_id, exc_info=True)
+            return None
         return reading
 
     def read(self, servers: Iterable[Server]) -> list[dict[str, Any]]:
