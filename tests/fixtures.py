@@ -149,17 +149,18 @@ def process_stopped(pid: int) -> bool:
         return False
 
 
-def run_in_own_loop(main: Callable[[], Any]) -> None:
-    """``asyncio.run(main())`` on a thread of its own: the browser tests keep an event loop running in
-    the test thread, where ``asyncio.run`` would refuse."""
+def run_in_own_loop(main: Callable[[], Any]) -> Any:
+    """``asyncio.run(main())`` on a thread of its own, and its result: the browser tests keep an event
+    loop running in the test thread, where ``asyncio.run`` would refuse."""
     import asyncio
     import threading
 
     failures: list[BaseException] = []
+    results: list[Any] = []
 
     def target() -> None:
         try:
-            asyncio.run(main())
+            results.append(asyncio.run(main()))
         except BaseException as exc:
             failures.append(exc)
 
@@ -168,6 +169,7 @@ def run_in_own_loop(main: Callable[[], Any]) -> None:
     thread.join()
     if failures:
         raise failures[0]
+    return results[0]
 
 
 def http_ok(url: str) -> bool:

@@ -29,7 +29,7 @@ from apps.nodes.engine_signals import (
 )
 from apps.nodes.heartbeat import MAX_SERVERS, EngineReport, ServerReport
 from apps.nodes.tests.factories import heartbeat_report, make_node
-from tests.fixtures import free_port, start_web, wait_until
+from tests.fixtures import free_port, run_in_own_loop, start_web, wait_until
 
 PATH = "/api/v1/agent/heartbeat"
 
@@ -180,7 +180,7 @@ def test_written_signals_read_back_sync_and_async_and_through_a_callers_pipeline
         finally:
             await client.aclose()
 
-    assert asyncio.run(read_async()) == written
+    assert run_in_own_loop(read_async) == written  # a browser test's loop may hold this thread
     with store.pipeline(transaction=False) as pipe:
         pipe.get("modelforge:routing:version")  # the caller's own command
         queue_read(pipe)
@@ -243,6 +243,6 @@ def test_the_writer_never_waits_on_redis_and_a_dead_redis_is_said_once(settings,
         assert writer.written == 0
         return took
 
-    took = asyncio.run(heartbeats())
+    took = run_in_own_loop(heartbeats)
     assert took < 0.05
     assert caplog.text.count("engine signals from heartbeats are dropped") == 1
