@@ -111,6 +111,11 @@ GATEWAY_PROBE_TIMEOUT_MS = read.integer(
     "MODELFORGE_GATEWAY_PROBE_TIMEOUT_MS", 1000, minimum=50, maximum=30000
 )
 GATEWAY_PROBE_FAILURES = read.integer("MODELFORGE_GATEWAY_PROBE_FAILURES", 2, minimum=1, maximum=10)
+# Prefix-affinity routing (apps/gateway/affinity.py; docs/CONFIGURATION.md says why these defaults).
+GATEWAY_PREFIX_CHARS = read.integer("MODELFORGE_GATEWAY_PREFIX_CHARS", 1024, minimum=16, maximum=65536)
+GATEWAY_AFFINITY_LOAD_CAP_PCT = read.integer(
+    "MODELFORGE_GATEWAY_AFFINITY_LOAD_CAP_PCT", 125, minimum=100, maximum=1000
+)
 # Artifacts: the control plane's store and the supply-chain policy
 # (docs/security/MODEL_SUPPLY_CHAIN_POLICY.md).
 ARTIFACT_STORE = Path(read.string("MODELFORGE_ARTIFACT_STORE", str(MODELFORGE_HOME / "artifacts")) or "")
