@@ -40,7 +40,7 @@ from apps.clusters.tests.factories import (
     running_server,
 )
 from apps.gateway.affinity import Ring, conversation_prefix, prefix_hash
-from apps.gateway.lbstate import BENCH_KEY, FAILS_KEY
+from apps.gateway.lbstate import BENCH_KEY, FAILS_KEY, INFLIGHT_KEY, TOKENS_FIELD
 from apps.gateway.probe import read_verdicts, summary
 from apps.gateway.shapes import checked
 from apps.servers.models import ModelServer
@@ -51,9 +51,10 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
 MODEL = "tenant.chat@1"
 PREFIX_CHARS = 1024  # MODELFORGE_GATEWAY_PREFIX_CHARS's default: what decides a request's backend
 # The second gateway process benches for this long (x the times benched): long enough to look at the
-# moved prefixes through both processes on a busy two-core machine (48 requests took 6 s there), short
+# moved prefixes through both processes on a busy two-core machine (24 requests and the waits between
+# the processes' turns took 6 s there), short
 # enough to see them come back.
-B_BENCH_S = 15
+B_BENCH_S = 12
 
 
 def long_text(tag: str, chars: int = 1500) -> str:
@@ -196,6 +197,25 @@ class Pool:
 
         assert wait_until(up_everywhere, 15)
 
+    def quiet(self) -> None:
+        """No gateway process has a request to these engines in flight as of its last flush, and every
+        process has read that (its next flush). Sequential traffic through two processes otherwise meets
+        the other's in-flight count as of its last flush: a request that was in flight at that flush
+        counts for up to two seconds after it ended, and one request in flight is enough to pass a
+        backend's cap at this load (ceil(1.25 x 2 / 3) = 1: test_bounded_loads_count_the_other_process)."""
+        keys = {str(s.pk) for s in self.servers.values()}
+        keys |= {TOKENS_FIELD + k for k in keys}
+        store = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+
+        def clean() -> bool:
+            for name in store.scan_iter(INFLIGHT_KEY.format(process="*")):
+                if keys & {f.decode() for f in store.hkeys(name)}:
+                    return False
+            return True
+
+        assert wait_until(clean, 10, interval=0.1)
+        time.sleep(1.2)
+
     def ring(self) -> dict[str, ModelServer]:
         """The cluster's servers by backend name ("pool/<member>")."""
         return {f"pool/{name}": server for name, server in self.servers.items()}
@@ -219,12 +239,23 @@ def test_a_prefix_lands_on_the_same_backend_through_either_gateway_process(live_
     for url in urls:
         ready(url, key)
     pool.settled(len(urls))
-    # 16 tenants' long system prompts, each 4 times with another user turn, alternately through A and B.
+    # 16 tenants' long system prompts, each 4 times with another user turn, alternately through A and B
+    # (a round each; the tails and the sessions below ride along).
+    shared = SYSTEMS[0][:PREFIX_CHARS]
     seen: dict[int, list[str]] = defaultdict(list)
-    for turn in range(4):
+    tails: set[str] = set()
+    sessions: dict[str, set[str]] = defaultdict(set)
+    for turn, url in enumerate(urls * 2):
+        if turn:
+            pool.quiet()
         for i, system in enumerate(SYSTEMS):
-            seen[i].append(chat(urls[(turn + i) % 2], key, system, f"question {turn} from tenant {i}"))
-    # (Each list alternates A, B, A, B or B, A, B, A.)
+            seen[i].append(chat(url, key, system, f"question {turn} from tenant {i}"))
+        # Prompts that share the first 1,024 characters and differ after them.
+        tails |= {chat(url, key, shared + f" and then variant {turn}.{n}", f"q{n}") for n in range(2)}
+        # Sessions (the header) over conversations that change every turn.
+        for n in range(12):
+            system = SYSTEMS[(n + turn * 5) % len(SYSTEMS)]
+            sessions[f"session-{n}"].add(chat(url, key, system, f"turn {turn}", f"session-{n}"))
     assert not {i: b for i, b in seen.items() if len(set(b)) > 1}
     homes = {i: backends[0] for i, backends in seen.items()}
     spread = Counter(homes.values())
@@ -234,31 +265,22 @@ def test_a_prefix_lands_on_the_same_backend_through_either_gateway_process(live_
     for i, system in enumerate(SYSTEMS):
         body = chat_body(system, "x")
         assert homes[i] == ring_walk(ring, "/v1/chat/completions", body)[0], i
-    # The first 1,024 characters decide: prompts that share them and differ after land together.
-    shared = SYSTEMS[0][:PREFIX_CHARS]
-    tails = {chat(urls[n % 2], key, shared + f" and then variant {n}", f"q{n}") for n in range(6)}
+    # The first 1,024 characters decide: prompts that share them land together.
     assert tails == {homes[0]}
     # A session header decides over the conversation: one backend per session, whatever is sent.
-    sessions: dict[str, set[str]] = defaultdict(set)
-    for turn in range(3):
-        for s in range(12):
-            system = SYSTEMS[(s + turn * 5) % len(SYSTEMS)]
-            sessions[f"session-{s}"].add(
-                chat(urls[(turn + s) % 2], key, system, f"turn {turn}", f"session-{s}")
-            )
-    assert all(len(backends) == 1 for backends in sessions.values()), dict(sessions)
+    assert not {n: b for n, b in sessions.items() if len(b) > 1}
     assert len({next(iter(b)) for b in sessions.values()}) > 1, dict(sessions)
     print(f"affinity: 16 prompts x 4 through two processes, homes {dict(spread)}")
 
 
-def homes_by_embedding(urls: list[str], key: str, inputs: list[str]) -> dict[int, str]:
-    """Each input's backend, through every process (asserting they agree)."""
-    found: dict[int, str] = {}
-    for i, text in enumerate(inputs):
-        backends = {embed(url, key, text) for url in urls}
-        assert len(backends) == 1, (i, backends)
-        found[i] = backends.pop()
-    return found
+def homes_by_embedding(pool: Pool, urls: list[str], key: str, inputs: list[str]) -> dict[int, str]:
+    """Each input's backend, through every process in turn (asserting they agree)."""
+    per_process = []
+    for url in urls:
+        pool.quiet()
+        per_process.append({i: embed(url, key, text) for i, text in enumerate(inputs)})
+    assert all(found == per_process[0] for found in per_process), per_process
+    return per_process[0]
 
 
 def test_a_backend_benched_mid_run_passes_its_prefixes_to_the_next_on_the_ring_and_takes_them_back(
@@ -272,7 +294,12 @@ def test_a_backend_benched_mid_run_passes_its_prefixes_to_the_next_on_the_ring_a
         ready(url, key)
     pool.settled(len(urls))
     inputs = [long_text(f"Document {i:02d} of the corpus.", 1200) for i in range(12)]
-    homes = homes_by_embedding(urls, key, inputs)
+    ring = pool.ring()
+    walks = {
+        i: ring_walk(ring, "/v1/embeddings", {"model": MODEL, "input": text}) for i, text in enumerate(inputs)
+    }
+    homes = {i: walk[0] for i, walk in walks.items()}
+    assert {i: embed(live_web.url, key, text) for i, text in enumerate(inputs)} == homes
     victim = Counter(homes.values()).most_common(1)[0][0]
     moved = [i for i, home in homes.items() if home == victim]
     server = pool.ring()[victim]
@@ -281,6 +308,7 @@ def test_a_backend_benched_mid_run_passes_its_prefixes_to_the_next_on_the_ring_a
     # Failures of the victim alone: its own prefix with the engine's failure trigger past the 1,024
     # characters that decide, through the second process until it benches it.
     failing = inputs[moved[0]] + " __status_500__"
+    pool.quiet()
     for _ in range(settings.LB_CONSECUTIVE_FAILURES + 3):
         answer = post(gateway_b.url, key, "/v1/embeddings", {"model": MODEL, "input": failing})
         assert answer.status_code == 502 and victim in answer.json()["message"], answer.text
@@ -289,23 +317,30 @@ def test_a_backend_benched_mid_run_passes_its_prefixes_to_the_next_on_the_ring_a
     raw = store.hget(BENCH_KEY, str(server.pk))
     assert raw is not None, "never benched"
     until = json.loads(raw)["until"]
-    time.sleep(1.3)  # the session's process reads the bench list at its next flush
-    during: dict[int, str] = {}
-    for _ in range(2):
-        for i, backend in homes_by_embedding(urls, key, inputs).items():
-            assert during.setdefault(i, backend) == backend, (i, during[i], backend)
+    # Both processes (the session's reads the bench list at its next flush, within quiet()'s wait).
+    during = homes_by_embedding(pool, urls, key, inputs)
     assert time.time() < until, "too slow: the bench was over before every prefix was sent"
-    ring = pool.ring()
     for i, backend in during.items():
-        body = {"model": MODEL, "input": inputs[i]}
         if i in moved:  # to the next backend on its ring, the same through both processes
-            assert backend == ring_walk(ring, "/v1/embeddings", body)[1] != victim, (i, backend)
+            assert backend == walks[i][1] != victim, (i, backend)
         else:  # the others' prefixes stay where they were
             assert backend == homes[i], (i, homes[i], backend)
     # The bench over (its probe answered all along): its prefixes come back to it, in both processes.
-    assert wait_until(lambda: all(embed(url, key, inputs[i]) == victim for url in urls for i in moved), 30)
-    assert homes_by_embedding(urls, key, inputs) == homes
+    for url in (gateway_b.url, live_web.url):
+        pool.quiet()
+        assert wait_until(lambda: all(embed(url, key, inputs[i]) == victim for i in moved), 30)  # noqa: B023
+    assert {i: embed(live_web.url, key, text) for i, text in enumerate(inputs)} == homes
     print(f"bench: {len(moved)} of {len(inputs)} prefixes moved off {victim} and back")
+
+
+def through_each(pool: Pool, urls: list[str], key: str) -> dict[int, str]:
+    """Each of ``SYSTEMS``' backend, through every process in turn (asserting they agree)."""
+    per_process = []
+    for url in urls:
+        pool.quiet()
+        per_process.append({i: chat(url, key, system) for i, system in enumerate(SYSTEMS)})
+    assert all(found == per_process[0] for found in per_process), per_process
+    return per_process[0]
 
 
 def probe_state(server: ModelServer) -> str:
@@ -322,35 +357,33 @@ def test_a_killed_backend_passes_its_prefixes_on_with_no_client_error_and_takes_
     for url in urls:
         ready(url, key)
     pool.settled(len(urls))
-    homes = {i: {chat(url, key, s) for url in urls} for i, s in enumerate(SYSTEMS)}
-    assert all(len(b) == 1 for b in homes.values()), homes
-    home = {i: b.pop() for i, b in homes.items()}
+    ring = pool.ring()
+    walks = {i: ring_walk(ring, "/v1/chat/completions", chat_body(s, "x")) for i, s in enumerate(SYSTEMS)}
+    home = {i: walk[0] for i, walk in walks.items()}  # where they are (the first test: through both)
+    assert {i: chat(live_web.url, key, s) for i, s in enumerate(SYSTEMS)} == home
     victim = Counter(home.values()).most_common(1)[0][0]
     name = victim.split("/", 1)[1]
     moved = [i for i, h in home.items() if h == victim]
     pool.kill(name)
     during: dict[int, set[str]] = defaultdict(set)
-    for _ in range(2):  # at once: refused connections, each retried once elsewhere (no client error)
+    for n, url in enumerate(urls):  # at once: refused connections, each retried once elsewhere (no error)
+        if n:
+            pool.quiet()
         for i, system in enumerate(SYSTEMS):
-            for url in urls:
-                during[i].add(chat(url, key, system))
-    assert wait_until(lambda: probe_state(pool.servers[name]) == "down", 15)
-    time.sleep(1.3)  # both processes have the verdict
-    for i, system in enumerate(SYSTEMS):
-        for url in urls:
             during[i].add(chat(url, key, system))
-    ring = pool.ring()
+    assert wait_until(lambda: probe_state(pool.servers[name]) == "down", 15)
+    for i, backend in through_each(pool, urls, key).items():  # down by probe in both processes
+        during[i].add(backend)
     for i, backends in during.items():
         if i in moved:
-            following = ring_walk(ring, "/v1/chat/completions", chat_body(SYSTEMS[i], "x"))[1]
-            assert backends == {following}, (i, following, backends)
+            assert backends == {walks[i][1]}, (i, walks[i][1], backends)
         else:
             assert backends == {home[i]}, (i, home[i], backends)
     pool.restart(name)
-    assert wait_until(
-        lambda: all(chat(url, key, SYSTEMS[i]) == victim for url in urls for i in moved), 20, interval=0.5
-    )
-    assert all(chat(url, key, s) == home[i] for i, s in enumerate(SYSTEMS) for url in urls)
+    for url in urls:
+        pool.quiet()
+        assert wait_until(lambda: all(chat(url, key, SYSTEMS[i]) == victim for i in moved), 20)  # noqa: B023
+    assert {i: chat(gateway_b.url, key, s) for i, s in enumerate(SYSTEMS)} == home
 
 
 @pytest.mark.parametrize("mix", ["two clusters", "a cluster and a server"])
@@ -447,6 +480,41 @@ def test_concurrent_requests_for_one_prefix_overflow_to_the_next_backend_past_th
     # Nothing in flight any more: home again.
     assert chat(live_web.url, key, system) == ring[0]
     print(f"bounded loads: 9 concurrent requests for one prefix went {Counter(sent)}")
+
+
+def test_bounded_loads_count_the_other_processes_requests(live_web, gateway_b, pool):
+    """One request in flight through A on a backend is counted by B (as of A's last flush): at this load
+    it is the backend's whole cap (ceil(1.25 x (1 + 1) / 3) = 1), so B sends another prefix homed there
+    to the next backend on the ring, and a prefix homed elsewhere stays home."""
+    key = pool.cluster("prefix_affinity", "a", "b", "c")
+    urls = [live_web.url, gateway_b.url]
+    for url in urls:
+        ready(url, key)
+    pool.settled(len(urls))
+    ring = pool.ring()
+    walks = [ring_walk(ring, "/v1/chat/completions", chat_body(system, "x")) for system in SYSTEMS]
+    first = walks[0][0]
+    second = next(i for i in range(1, len(SYSTEMS)) if walks[i][0] == first)
+    elsewhere = next(i for i in range(1, len(SYSTEMS)) if walks[i][0] != first)
+    pool.quiet()
+    held = started(live_web.url, key, chat_body(SYSTEMS[0], words(30), stream=True))
+    assert held.backend == first
+    store = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    theirs = INFLIGHT_KEY.format(process="*")
+    server = str(ring[first].pk)
+
+    def published() -> bool:
+        return any(store.hget(name, server) for name in store.scan_iter(theirs))
+
+    assert wait_until(published, 5, interval=0.1)
+    time.sleep(1.2)  # the second process's next flush reads it
+    assert chat(gateway_b.url, key, SYSTEMS[second]) == walks[second][1]
+    assert chat(gateway_b.url, key, SYSTEMS[elsewhere]) == walks[elsewhere][0]
+    assert chat(live_web.url, key, SYSTEMS[second]) == walks[second][1]  # A's own count: the same
+    assert held.is_alive(), "the held request ended before the test was done with it"
+    held.join(20)
+    pool.quiet()
+    assert chat(gateway_b.url, key, SYSTEMS[second]) == first
 
 
 def test_least_outstanding_sends_the_next_requests_away_from_a_backend_holding_a_long_one(
