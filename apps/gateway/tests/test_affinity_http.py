@@ -202,14 +202,15 @@ class Pool:
         process has read that (its next flush). Sequential traffic through two processes otherwise meets
         the other's in-flight count as of its last flush: a request that was in flight at that flush
         counts for up to two seconds after it ended, and one request in flight is enough to pass a
-        backend's cap at this load (ceil(1.25 x 2 / 3) = 1: test_bounded_loads_count_the_other_process)."""
+        backend's cap at this load (ceil(1.25 x 2 / 3) = 1), as the bounded-loads test across processes
+        shows."""
         keys = {str(s.pk) for s in self.servers.values()}
         keys |= {TOKENS_FIELD + k for k in keys}
-        store = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+        store = redis.Redis.from_url(settings.CELERY_BROKER_URL, decode_responses=True)
 
         def clean() -> bool:
             for name in store.scan_iter(INFLIGHT_KEY.format(process="*")):
-                if keys & {f.decode() for f in store.hkeys(name)}:
+                if keys & set(store.hkeys(name)):
                     return False
             return True
 
