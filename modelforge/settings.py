@@ -67,6 +67,11 @@ API_AUTH_FAILURE_WINDOW = read.integer("MODELFORGE_API_AUTH_FAILURE_WINDOW", 300
 # Nodes: how often agents report, and when silence makes a node stale, then offline (CONFIGURATION.md
 # explains the defaults: stale after three missed intervals plus a margin, so jitter never flaps).
 HEARTBEAT_INTERVAL = read.integer("MODELFORGE_HEARTBEAT_INTERVAL", 10, minimum=1, maximum=300)
+# Engine signals (running, waiting, KV cache) arrive with heartbeats; older than this they are not acted on
+# (apps/nodes/engine_signals.py). Default: two intervals, so one late heartbeat does not blank them.
+ENGINE_SIGNALS_MAX_AGE_S = read.integer(
+    "MODELFORGE_ENGINE_SIGNALS_MAX_AGE_S", 2 * HEARTBEAT_INTERVAL, minimum=1, maximum=3600
+)
 NODE_STALE_AFTER = read.integer("MODELFORGE_NODE_STALE_AFTER", 35, minimum=2, maximum=3600)
 NODE_OFFLINE_AFTER = read.integer("MODELFORGE_NODE_OFFLINE_AFTER", 90, minimum=3, maximum=86400)
 LIVENESS_SWEEP_INTERVAL = read.integer("MODELFORGE_LIVENESS_SWEEP_INTERVAL", 5, minimum=1, maximum=300)

@@ -90,6 +90,8 @@ class Backend:
     max_concurrent: int | None = None
     # What the gateway probes (its runtime profile's launch.health_path; /health when the profile is gone).
     health_path: str = "/health"
+    # The node it runs on: only that node's agent is believed about its engine (apps/gateway/engines.py).
+    node: str = ""
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,7 @@ def read_bindings() -> tuple[dict[str, list[Binding]], dict[str, str]]:
             endpoints,
             max_concurrent=profile.max_concurrent if profile is not None else None,
             health_path=profile.launch.health_path if profile is not None else "/health",
+            node=str(server.node_id),
         )
 
     members: dict[int, list[ClusterMember]] = {}

@@ -178,6 +178,12 @@ def bounded_pick(
         return None, False
     in_flight = sum(load(b.key) for b in choices)
     factor = cap_pct / 100 * (in_flight + 1) / total_weight
+    if ring.points:  # the usual case, home usable and within its cap: no walk
+        first_on_ring = ring.backends[ring.owners[bisect.bisect_left(ring.points, point) % len(ring.points)]]
+        if first_on_ring.key in allowed and load(first_on_ring.key) + 1 <= math.ceil(
+            factor * first_on_ring.weight
+        ):
+            return first_on_ring, True
     first = True
     for backend in ring.walk(point):
         home, first = first, False

@@ -67,8 +67,7 @@ READ_TIMEOUT_S = 120.0
 NO_BACKEND_REBUILD_S = 1.0
 
 
-# Request headers the gateway looks at; the others are never decoded. The session header names a
-# conversation for prefix affinity (apps/gateway/affinity.py): left out here, it never reached ``asked``.
+# Request headers the gateway looks at; the others are never decoded.
 _WANTED_HEADERS = frozenset(
     {b"authorization", b"x-correlation-id", b"content-length", SESSION_HEADER.encode()}
 )

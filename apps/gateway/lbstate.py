@@ -32,6 +32,7 @@ import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from apps.gateway.engines import ENGINE_SIGNALS_KEY, decode_read, fresh_signals
 from apps.gateway.limits import add_tokens
 from apps.gateway.probe import PROBES_KEEP_S, PROBES_KEY, Prober
 from apps.gateway.usage import TOTALS_KEY, USAGE_KEEP_S, USAGE_KEY, Meter, tokens_per_credential
@@ -101,6 +102,9 @@ class SharedState:
         # Requests running or waiting in each engine by its own count, as its agent last reported it (fresh
         # reports only; apps/gateway/engines.py): work the gateways did not send, or sent and forgot.
         self.engine_load: dict[str, int] = {}
+        # The backends routed by least_outstanding (key -> node id): the flush reads their engines' signals
+        # only (one HMGET), not every server's of the fleet.
+        self.engines_wanted: dict[str, str] = {}
         self._affinity_hits: Counter[str] = Counter()
         self._affinity_routed: Counter[str] = Counter()
         # Web processes flushing to Redis, this one included (as of the last flush): admission's fair share.
@@ -330,7 +334,12 @@ class SharedState:
                 pipe.zrange(PROCESSES_KEY, 0, -1)
                 pipe.hgetall(BENCH_KEY)
                 pipe.hgetall(PROBES_KEY)
+                engines = list(self.engines_wanted)
+                if engines:
+                    pipe.hmget(ENGINE_SIGNALS_KEY, engines)
                 results = await pipe.execute()
+                if engines:
+                    self._take_engine_signals(engines, results.pop(), now)
                 others = [p.decode() if isinstance(p, bytes) else p for p in results[-3]]
                 others = [p for p in others if p != self.process_id]
                 async with self.client.pipeline(transaction=False) as read:
@@ -384,6 +393,19 @@ class SharedState:
             if unseen > 0:
                 tokens += unseen * ENGINE_REQUEST_TOKENS
         return tokens
+
+    def wants_engines(self, backends: list[Any]) -> None:
+        """``backends`` are routed by least_outstanding: read their engines' signals from the next flush."""
+        for backend in backends:
+            self.engines_wanted[backend.key] = backend.node
+
+    def _take_engine_signals(self, keys: list[str], values: list[Any], now: float) -> None:
+        """The engines' own counts (running + waiting) of ``keys``, where their node reported them
+        recently; a backend of another node's report, or of none, has no engine count."""
+        raw = {key: value for key, value in zip(keys, values, strict=True) if value is not None}
+        fresh = fresh_signals(decode_read(raw, now), now, nodes=self.engines_wanted)
+        self.engine_load = {key: s.running + s.waiting for key, s in fresh.items()}
+        self.engines_wanted = {}  # asked for again by the next picks: a backend gone is not read for ever
 
     def routed_by_prefix(self, key: str, home: bool) -> None:
         """A request routed by prefix affinity went to ``key``; ``home``: the backend holding its prefix."""

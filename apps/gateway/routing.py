@@ -395,6 +395,8 @@ class Router:
         if algorithm == Algorithm.LEAST_CONNECTIONS:
             return min(choices, key=lambda b: (shared.in_flight_estimate(b.key) / b.weight, -b.weight, b.key))
         if algorithm == Algorithm.LEAST_OUTSTANDING:
+            if len(shared.engines_wanted) < len(choices):
+                shared.wants_engines(choices)  # their engines' own counts, read at the next flush
             work = shared.outstanding_estimate
             return min(choices, key=lambda b: (work(b.key) / b.weight, -b.weight, b.key))
         if algorithm == Algorithm.PREFIX_AFFINITY and ask is not None and ask.point is not None:

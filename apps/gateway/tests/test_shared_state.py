@@ -224,3 +224,49 @@ def test_the_flusher_stops_when_cancelled_even_if_redis_swallows_the_cancel():
     runner.start()
     runner.join(15)
     assert results == [True], "the event loop did not shut down: the flusher outlived its cancellation"
+
+
+def test_tokens_in_flight_and_the_engines_own_counts_reach_least_outstanding(clean_redis):
+    """least_outstanding across processes: the other process's estimated tokens through the flush, and
+    what each engine's node reported with its heartbeat (only the backend's own node is believed)."""
+    import time
+
+    from apps.clusters.bindings import Backend
+    from apps.gateway.engines import ENGINE_SIGNALS_KEY, EngineSignals
+
+    first, second = two_processes()
+    a = Backend("b1", "c/a", "http://127.0.0.1:1", 1, node="node-1")
+    b = Backend("b2", "c/b", "http://127.0.0.1:2", 1, node="node-2")
+    first.in_flight["b1"], first.in_flight_tokens["b1"] = 1, 800
+    now = time.time()
+    clean_redis.hset(
+        ENGINE_SIGNALS_KEY,
+        mapping={
+            "b1": EngineSignals(1, 0, None, now, "node-1").encode(),
+            "b2": EngineSignals(3, 2, 0.5, now, "node-2").encode(),  # 5 in its engine, none of them ours
+        },
+    )
+    try:
+        second.wants_engines([a, b])
+
+        seen: list[tuple] = []
+
+        async def flush_both() -> None:  # one loop: a state's Redis client belongs to its first loop
+            await first.flush()
+            await second.flush()
+            seen.append((dict(second.engine_load), second.outstanding_estimate("b1")))
+            seen.append((second.outstanding_estimate("b2"), dict(second.engines_wanted)))
+            # A report by another node than the server's is not believed.
+            clean_redis.hset(ENGINE_SIGNALS_KEY, "b2", EngineSignals(9, 9, None, now, "node-7").encode())
+            second.wants_engines([a, b])
+            await second.flush()
+            seen.append((dict(second.engine_load),))
+
+        run(flush_both)
+        assert second.others_tokens["b1"] == 800
+        # b1's engine runs one: the 800 tokens' own request. b2's runs 5, none of them ours: 512 each.
+        assert seen[0] == ({"b1": 1, "b2": 5}, 800)
+        assert seen[1] == (5 * 512, {})  # the backends are asked for again by the next picks
+        assert seen[2] == ({"b1": 1},)
+    finally:
+        clean_redis.delete(ENGINE_SIGNALS_KEY, *(f"modelforge:lb:inflight:host:{n}" for n in (1, 2)))
