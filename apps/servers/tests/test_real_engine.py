@@ -98,6 +98,7 @@ def test_a_gguf_model_is_served_by_llama_cpp_on_the_local_node(
             client.embeddings.create(model="chat.gemma@1", input="x")
         assert refused.value.status_code == 404
         assert refused.value.response.json()["code"] == "ENDPOINT_NOT_SERVED"
+        _health_answers_while_the_engine_computes(server, client)
     finally:
         os.killpg(agent.process.pid, signal.SIGTERM)
         agent.process.wait(30)
@@ -112,3 +113,37 @@ def _answers(client: OpenAI) -> bool:
     except APIStatusError:
         return False
     return True
+
+
+def _health_answers_while_the_engine_computes(server: ModelServer, client: OpenAI) -> None:
+    """The profile's health path answers while the engine computes a long prompt: the gateway probes it
+    every 2 s with a 1 s timeout, and a path that waits for the model (llama-cpp-python's /v1/models takes
+    the model's lock) took every busy engine out of rotation under load (503 NO_HEALTHY_BACKEND; found by
+    bench/routing)."""
+    import threading
+    import time
+
+    import httpx
+
+    from apps.servers.profiles import runtime_profiles
+
+    path = runtime_profiles()[server.profile].launch.health_path
+    long_prompt = "Summarise the following notes. " + "The river rose and the town moved uphill. " * 120
+    busy = threading.Thread(
+        target=lambda: client.chat.completions.create(
+            model="chat.gemma@1", messages=[{"role": "user", "content": long_prompt}], max_tokens=64
+        )
+    )
+    busy.start()
+    try:
+        time.sleep(1.0)  # the engine is evaluating the prompt (seconds on a CPU)
+        assert busy.is_alive()
+        answered = []
+        for _ in range(3):
+            started = time.monotonic()
+            response = httpx.get(f"http://127.0.0.1:{server.port}{path}", timeout=5)
+            answered.append((response.status_code, time.monotonic() - started))
+        assert busy.is_alive(), "the long request ended before the probes: nothing was measured"
+        assert all(status == 200 and took < 1.0 for status, took in answered), answered
+    finally:
+        busy.join(120)
