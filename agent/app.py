@@ -25,6 +25,7 @@ from agent.client import (
     ControlPlaneError,
     ControlPlaneRefused,
 )
+from agent.engine_signals import EngineSignalReader
 from agent.heartbeat import HeartbeatLoop, backoff_delay, heartbeat_payload
 from agent.home import AGENT_HOME_NOT_WRITABLE, check_writable
 from agent.identity import IDENTITY_FILE_INVALID, Identity, IdentityFileInvalid, load_identity, save_identity
@@ -225,6 +226,7 @@ def run(environ: Mapping[str, str], stop: threading.Event | None = None) -> int:
 
     client = ControlPlaneClient(settings.control_plane_url)
     server: AgentServer | None = None
+    signals: EngineSignalReader | None = None
     try:
         identity = obtain_identity(settings, accelerator, client, stop)
         if identity is None:
@@ -258,10 +260,12 @@ def run(environ: Mapping[str, str], stop: threading.Event | None = None) -> int:
             settings.agent_url,
         )
         # The model servers this agent launched: their GPU memory is "managed", the rest external.
+        # Their engines' load (running, waiting, KV cache), where the engine publishes it.
+        signals = reader = EngineSignalReader()  # ``reader``: never None, for the closure
         loop = HeartbeatLoop(
             client,
             identity.credential,
-            lambda: heartbeat_payload(settings, accelerator, processes.pids()),
+            lambda: heartbeat_payload(settings, accelerator, processes.pids(), reader.read(processes.all())),
             # The first heartbeat goes out at once; its answer carries the control plane's interval.
             settings.heartbeat_interval_s,
             stop,
@@ -278,5 +282,7 @@ def run(environ: Mapping[str, str], stop: threading.Event | None = None) -> int:
             # Model servers do not outlive their agent: nothing would watch or report them.
             if server.context.processes is not None:
                 server.context.processes.stop_all()
+        if signals is not None:
+            signals.close()
         client.close()
         accelerator.shutdown()

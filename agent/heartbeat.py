@@ -43,12 +43,18 @@ def backoff_delay(
 
 
 def heartbeat_payload(
-    settings: AgentSettings, accelerator: Accelerator, managed_pids: Collection[int]
+    settings: AgentSettings,
+    accelerator: Accelerator,
+    managed_pids: Collection[int],
+    servers: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """One heartbeat body as the wire contract spells it. May raise ``GpuTelemetryError``."""
+    """One heartbeat body as the wire contract spells it. May raise ``GpuTelemetryError``.
+
+    ``servers``: per-server entries (``agent.engine_signals``); sent only when there are any, so a node
+    whose engines report nothing sends the body it always did."""
     gpus = accelerator.gpus(managed_pids)
     host = read_host()
-    return {
+    payload: dict[str, Any] = {
         "agent_version": __version__,
         "accelerator": accelerator.kind,
         "agent_url": settings.agent_url,
@@ -60,6 +66,9 @@ def heartbeat_payload(
             {"name": model.model, "kind": model.kind} for model in models_present(settings.models_dir)
         ],
     }
+    if servers:
+        payload["servers"] = servers
+    return payload
 
 
 class HeartbeatLoop:

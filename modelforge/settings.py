@@ -67,6 +67,11 @@ API_AUTH_FAILURE_WINDOW = read.integer("MODELFORGE_API_AUTH_FAILURE_WINDOW", 300
 # Nodes: how often agents report, and when silence makes a node stale, then offline (CONFIGURATION.md
 # explains the defaults: stale after three missed intervals plus a margin, so jitter never flaps).
 HEARTBEAT_INTERVAL = read.integer("MODELFORGE_HEARTBEAT_INTERVAL", 10, minimum=1, maximum=300)
+# Engine signals (running, waiting, KV cache) arrive with heartbeats; older than this they are not acted on
+# (apps/nodes/engine_signals.py). Default: two intervals, so one late heartbeat does not blank them.
+ENGINE_SIGNALS_MAX_AGE_S = read.integer(
+    "MODELFORGE_ENGINE_SIGNALS_MAX_AGE_S", 2 * HEARTBEAT_INTERVAL, minimum=1, maximum=3600
+)
 NODE_STALE_AFTER = read.integer("MODELFORGE_NODE_STALE_AFTER", 35, minimum=2, maximum=3600)
 NODE_OFFLINE_AFTER = read.integer("MODELFORGE_NODE_OFFLINE_AFTER", 90, minimum=3, maximum=86400)
 LIVENESS_SWEEP_INTERVAL = read.integer("MODELFORGE_LIVENESS_SWEEP_INTERVAL", 5, minimum=1, maximum=300)
@@ -111,6 +116,11 @@ GATEWAY_PROBE_TIMEOUT_MS = read.integer(
     "MODELFORGE_GATEWAY_PROBE_TIMEOUT_MS", 1000, minimum=50, maximum=30000
 )
 GATEWAY_PROBE_FAILURES = read.integer("MODELFORGE_GATEWAY_PROBE_FAILURES", 2, minimum=1, maximum=10)
+# Prefix-affinity routing (apps/gateway/affinity.py; docs/CONFIGURATION.md says why these defaults).
+GATEWAY_PREFIX_CHARS = read.integer("MODELFORGE_GATEWAY_PREFIX_CHARS", 1024, minimum=16, maximum=65536)
+GATEWAY_AFFINITY_LOAD_CAP_PCT = read.integer(
+    "MODELFORGE_GATEWAY_AFFINITY_LOAD_CAP_PCT", 125, minimum=100, maximum=1000
+)
 # Artifacts: the control plane's store and the supply-chain policy
 # (docs/security/MODEL_SUPPLY_CHAIN_POLICY.md).
 ARTIFACT_STORE = Path(read.string("MODELFORGE_ARTIFACT_STORE", str(MODELFORGE_HOME / "artifacts")) or "")

@@ -6,7 +6,10 @@
 derived from the model's name and the text: 8 dimensions, or N for a name ending ``-Nd``) and
 ``POST /v1/chat/completions`` (echoes the last user message, or streams it word by word with
 ``"stream": true``). An input containing ``__status_NNN__`` is answered with that status, so tests can
-make a backend fail on purpose. It is
+make a backend fail on purpose. With ``--metrics llamacpp`` (or ``vllm``) it also answers
+``GET /metrics`` with that engine's Prometheus gauges (requests running: the requests it is answering;
+waiting: 0; vLLM's KV-cache share: 1 % per running request), so the agent's engine signals can be seen
+end to end; without the option it has none, like llama-cpp-python's server. It is
 what the ``test-echo`` runtime profile launches, so placement, remote starts, stops and routing can be
 exercised with a real process and real HTTP on any machine.
 """
@@ -20,6 +23,7 @@ import math
 import re
 import signal
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -51,8 +55,42 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def make_handler(model: str) -> type[BaseHTTPRequestHandler]:
+METRICS_DIALECTS = ("llamacpp", "vllm")
+
+
+def metrics_text(dialect: str, model: str, running: int) -> str:
+    """Prometheus text as llama.cpp's ``llama-server --metrics`` or vLLM publish their load gauges."""
+    if dialect == "llamacpp":
+        lines = []
+        for name, value in (
+            ("requests_processing", running),
+            ("requests_deferred", 0),
+            ("n_busy_slots_per_decode", float(running)),
+        ):
+            lines += [
+                f"# HELP llamacpp:{name} {name.replace('_', ' ')}",
+                f"# TYPE llamacpp:{name} gauge",
+                f"llamacpp:{name} {value}",
+            ]
+        return "\n".join(lines) + "\n"
+    labels = f'{{engine="0",model_name="{model}"}}'
+    return (
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+        "# TYPE vllm:num_requests_running gauge\n"
+        f"vllm:num_requests_running{labels} {float(running)}\n"
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        f"vllm:num_requests_waiting{labels} 0.0\n"
+        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+        f"vllm:kv_cache_usage_perc{labels} {min(running / 100, 1.0)}\n"
+    )
+
+
+def make_handler(model: str, metrics: str | None = None) -> type[BaseHTTPRequestHandler]:
     dimensions = dimensions_of(model)
+    in_flight = [0]
+    counting = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -115,10 +153,26 @@ def make_handler(model: str) -> type[BaseHTTPRequestHandler]:
                 self._json(200, {"status": "ok", "model": model})
             elif self.path == "/v1/models":
                 self._json(200, {"object": "list", "data": [{"id": model, "object": "model"}]})
+            elif self.path == "/metrics" and metrics:
+                body = metrics_text(metrics, model, in_flight[0]).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
             else:
                 self._json(404, {"error": {"message": "not found"}})
 
         def do_POST(self) -> None:
+            with counting:
+                in_flight[0] += 1
+            try:
+                self._post()
+            finally:
+                with counting:
+                    in_flight[0] -= 1
+
+        def _post(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             try:
                 request = json.loads(self.rfile.read(length) or b"{}")
@@ -188,8 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--model", default="echo")
+    parser.add_argument("--metrics", choices=METRICS_DIALECTS, default=None)
     args = parser.parse_args(argv)
-    server = ThreadingHTTPServer((args.host, args.port), make_handler(args.model))
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(args.model, args.metrics))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         server.serve_forever(poll_interval=0.2)

@@ -6,6 +6,10 @@ from django.db import models
 class Algorithm(models.TextChoices):
     WEIGHTED_ROUND_ROBIN = "weighted_round_robin", "Weighted round-robin (smooth)"
     LEAST_CONNECTIONS = "least_connections", "Least connections"
+    # Fewest estimated tokens in flight per unit of weight (apps/gateway/affinity.py).
+    LEAST_OUTSTANDING = "least_outstanding", "Least outstanding work"
+    # Consistent hashing with bounded loads over the request's prefix (apps/gateway/affinity.py).
+    PREFIX_AFFINITY = "prefix_affinity", "Prefix affinity (prompt-cache aware)"
 
 
 class CredentialKind(models.TextChoices):

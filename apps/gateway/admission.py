@@ -39,6 +39,7 @@ from django.conf import settings
 
 from apps.clusters import codes
 from apps.clusters.bindings import Backend
+from apps.gateway.affinity import Ask
 from apps.gateway.lbstate import shared
 from apps.gateway.routing import router
 
@@ -116,6 +117,8 @@ class Admission:
         capability: str,
         credential: str,
         receive: Any,
+        ask: Ask | None = None,
+        ring_of: list[Backend] | None = None,
     ) -> Backend | None:
         """A backend with room, picked by the algorithm among those that have room; else wait in the
         capability's queue for one. ``None`` when every candidate was tried. The caller counts the backend
@@ -125,7 +128,7 @@ class Admission:
             return None
         free = [b for b in choices if self.room(b)]
         if free:
-            return router.pick(free, algorithm)
+            return router.pick(free, algorithm, None, ask, ring_of or backends)
         return await self._wait(choices, capability, credential, receive)
 
     def released(self, key: str) -> None:

@@ -21,7 +21,16 @@ import msgspec
 from django.conf import settings
 
 from apps.clusters import codes
+from apps.clusters.choices import Algorithm
 from apps.gateway.admission import QueueRefusal, admission
+from apps.gateway.affinity import (
+    MAX_SESSION_CHARS,
+    SESSION_HEADER,
+    Ask,
+    conversation_prefix,
+    estimated_tokens,
+    prefix_hash,
+)
 from apps.gateway.lbstate import shared
 from apps.gateway.limits import LimitReached, limiter
 from apps.gateway.routing import NOT_KNOWN, Backend, Grant, Table, authorize, not_bound_for, router
@@ -59,7 +68,9 @@ NO_BACKEND_REBUILD_S = 1.0
 
 
 # Request headers the gateway looks at; the others are never decoded.
-_WANTED_HEADERS = frozenset({b"authorization", b"x-correlation-id", b"content-length"})
+_WANTED_HEADERS = frozenset(
+    {b"authorization", b"x-correlation-id", b"content-length", SESSION_HEADER.encode()}
+)
 
 
 class Refusal(Exception):
@@ -217,11 +228,14 @@ class Gateway:
         # Health from the data plane: only backends that answered their probe recently get traffic. One
         # set lookup per candidate; anything else (a newcomer, a backend down) takes the slow path.
         healthy = shared.probes.healthy
+        ring_of = backends  # prefix affinity's ring: a backend that is out passes its prefixes on
         for candidate in backends:
             if candidate.key not in healthy:
                 backends, algorithm = await answering(
                     table, capability, grant.project, path, backends, algorithm
                 )
+                if backends[0] not in ring_of:  # the next tier's: its own ring
+                    ring_of = backends
                 break
         # Benched backends sit out, unless every candidate is benched: then routing goes on to them
         # rather than to none (and the bench is logged and shown), never a total outage in silence.
@@ -232,11 +246,17 @@ class Gateway:
             usable = backends
         # A backend whose runtime profile limits its concurrency: wait for room (apps/gateway/admission.py).
         limited = admission.limited(usable)
+        # What the request says of itself, for the algorithms that read it (apps/gateway/affinity.py).
+        ask = asked(algorithm, shape, body, headers) if algorithm in BY_REQUEST else None
+        if ask is not None:
+            call.tokens = ask.tokens
         for _attempt in range(2):  # a request that reached no backend is retried once elsewhere
             if limited:
-                backend = await admission.take(usable, algorithm, tried, capability, grant.id, receive)
+                backend = await admission.take(
+                    usable, algorithm, tried, capability, grant.id, receive, ask, ring_of
+                )
             else:
-                backend = router.pick(usable, algorithm, tried)
+                backend = router.pick(usable, algorithm, tried, ask, ring_of)
             if backend is None:
                 break
             tried.add(backend.key)
@@ -321,6 +341,8 @@ class Gateway:
         """Proxy one request. A backend error becomes the envelope (the backend's message kept); a
         success streams through chunk by chunk, never buffered."""
         shared.in_flight[backend.key] += 1
+        if call.tokens:
+            shared.in_flight_tokens[backend.key] += call.tokens
         started = False
         response = None
         try:
@@ -392,8 +414,24 @@ class Gateway:
             if response is not None:
                 response.release()
             shared.in_flight[backend.key] -= 1
+            if call.tokens:
+                shared.in_flight_tokens[backend.key] -= call.tokens
             if admission.waiting:  # its slot, straight to the next waiter
                 admission.released(backend.key)
+
+
+BY_REQUEST = frozenset((Algorithm.LEAST_OUTSTANDING, Algorithm.PREFIX_AFFINITY))
+
+
+def asked(algorithm: str, shape: Any, body: bytes, headers: dict[str, str]) -> Ask:
+    """A request's prefix point (prefix_affinity) and estimated tokens (both algorithms)."""
+    tokens = estimated_tokens(body, shape)
+    if algorithm != Algorithm.PREFIX_AFFINITY:
+        return Ask(tokens=tokens)
+    session = headers.get(SESSION_HEADER)
+    if session:
+        return Ask(prefix_hash("session\x1d" + session[:MAX_SESSION_CHARS]), tokens)
+    return Ask(prefix_hash(conversation_prefix(shape, settings.GATEWAY_PREFIX_CHARS)), tokens)
 
 
 async def answering(
@@ -463,6 +501,7 @@ class Call:
         "started",
         "streamed",
         "strip_usage",
+        "tokens",
         "usage",
     )
 
@@ -477,6 +516,7 @@ class Call:
         self.first_byte_at = 0.0
         self.slot: str | None = None  # a concurrency slot to give back
         self.limited = False  # refused by the credential's limits
+        self.tokens = 0  # its estimated work, counted in flight (least_outstanding)
 
 
 class EventRenamer:

@@ -24,7 +24,7 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -51,7 +51,14 @@ ERRORS_KEY = "modelforge:lb:errors:{bucket}"  # hash backend -> failed requests
 # moves the sin-bin's run of failures, as Envoy's 5xx detection does; neither is counted as an error.
 BUSY_KEY = "modelforge:lb:busy:{bucket}"
 
-INFLIGHT_KEY = "modelforge:lb:inflight:{process}"  # hash backend -> requests in flight, per process
+# hash backend -> requests in flight, and "t:" + backend -> their estimated tokens, per process
+INFLIGHT_KEY = "modelforge:lb:inflight:{process}"
+TOKENS_FIELD = "t:"
+# hash "hit:" / "all:" + backend -> requests routed by prefix affinity, and those sent to their prefix's
+# home backend (the one holding it): the card's cache-hit share.
+AFFINITY_KEY = "modelforge:lb:affinity:{bucket}"
+# Tokens assumed per request the engine reports beyond what the gateways sent it (least_outstanding).
+ENGINE_REQUEST_TOKENS = 512
 # hash capability -> requests waiting in the admission queue, per process (apps/gateway/admission.py)
 QUEUED_KEY = "modelforge:lb:queued:{process}"
 PROCESSES_KEY = "modelforge:lb:processes"  # sorted set of live processes by last flush
@@ -89,6 +96,13 @@ class SharedState:
         self.process_id = f"{socket.gethostname()}:{os.getpid()}"
         self.in_flight: Counter[str] = Counter()
         self.others_in_flight: Counter[str] = Counter()
+        self.in_flight_tokens: Counter[str] = Counter()  # estimated tokens of those (least_outstanding)
+        self.others_tokens: Counter[str] = Counter()
+        # Requests running or waiting in each engine by its own count, as its agent last reported it (fresh
+        # reports only; apps/gateway/engines.py): work the gateways did not send, or sent and forgot.
+        self.engine_load: dict[str, int] = {}
+        self._affinity_hits: Counter[str] = Counter()
+        self._affinity_routed: Counter[str] = Counter()
         # Web processes flushing to Redis, this one included (as of the last flush): admission's fair share.
         self.processes = 1
         self.queued: Counter[str] = Counter()  # capability -> waiting here (apps/gateway/admission.py)
@@ -253,6 +267,8 @@ class SharedState:
         used, totals = self.usage.take()
         for key, count in traffic.items():
             self._answered_flushed[key] += count - errors.get(key, 0)
+        hits, routed = self._affinity_hits, self._affinity_routed
+        self._affinity_hits, self._affinity_routed = Counter(), Counter()
         verdicts, stale_probes = self.probes.exported(), self._stale_probes
         self._stale_probes = []
         try:
@@ -275,12 +291,22 @@ class SharedState:
                     pipe.hincrby(BUSY_KEY.format(bucket=bucket), key, count)
                 pipe.expire(TRAFFIC_KEY.format(bucket=bucket), 3600)
                 pipe.expire(ERRORS_KEY.format(bucket=bucket), 3600)
+                if routed:
+                    affinity = AFFINITY_KEY.format(bucket=bucket)
+                    for key, count in routed.items():
+                        pipe.hincrby(affinity, "all:" + key, count)
+                    for key, count in hits.items():
+                        pipe.hincrby(affinity, "hit:" + key, count)
+                    pipe.expire(affinity, 3600)
                 if busy:
                     pipe.expire(BUSY_KEY.format(bucket=bucket), 3600)
                 # This process's in-flight counts, for least-connections across processes.
                 mine = INFLIGHT_KEY.format(process=self.process_id)
                 pipe.delete(mine)
                 live: dict[Any, Any] = {k: v for k, v in self.in_flight.items() if v > 0}
+                for k, v in self.in_flight_tokens.items():
+                    if v > 0:
+                        live[TOKENS_FIELD + k] = v
                 if live:
                     pipe.hset(mine, mapping=live)
                 pipe.expire(mine, int(PROCESS_TTL_S))
@@ -314,7 +340,9 @@ class SharedState:
             self._redis_back()
         except (redis.RedisError, OSError) as exc:
             self._redis_failed(exc)
-            self.others_in_flight = Counter()
+            self.others_in_flight, self.others_tokens = Counter(), Counter()
+            self._affinity_hits.update(hits)  # kept for the next flush, as usage is
+            self._affinity_routed.update(routed)
             self._queued_written = True  # written again once Redis answers
             self.usage.put_back(used, totals)  # usage is kept until Redis takes it (traffic shares are not)
             self.probes.alone()
@@ -327,10 +355,15 @@ class SharedState:
                 benched[raw_key.decode() if isinstance(raw_key, bytes) else raw_key] = Bench(**data)
         self.benched = benched
         theirs: Counter[str] = Counter()
+        their_tokens: Counter[str] = Counter()
         for mapping in counts:
             for k, v in (mapping or {}).items():
-                theirs[k.decode() if isinstance(k, bytes) else k] += int(v)
-        self.others_in_flight = theirs
+                field = k.decode() if isinstance(k, bytes) else k
+                if field.startswith(TOKENS_FIELD):
+                    their_tokens[field[len(TOKENS_FIELD) :]] += int(v)
+                else:
+                    theirs[field] += int(v)
+        self.others_in_flight, self.others_tokens = theirs, their_tokens
         self.processes = len(others) + 1
         if self.after_flush is not None:
             self.after_flush()
@@ -339,6 +372,24 @@ class SharedState:
         """Requests in flight to ``key`` across every web process: this one's now, the others' as of
         their last flush (at most a second or two old)."""
         return self.in_flight.get(key, 0) + self.others_in_flight.get(key, 0)
+
+    def outstanding_estimate(self, key: str) -> int:
+        """Estimated tokens of work at ``key``: the requests in flight from every web process (this one's
+        now, the others' as of their last flush), and the requests its engine reports running or waiting
+        beyond those (its agent's last heartbeat, when fresh), at ``ENGINE_REQUEST_TOKENS`` each."""
+        tokens = self.in_flight_tokens.get(key, 0) + self.others_tokens.get(key, 0)
+        engine = self.engine_load.get(key)
+        if engine is not None:
+            unseen = engine - self.in_flight_estimate(key)
+            if unseen > 0:
+                tokens += unseen * ENGINE_REQUEST_TOKENS
+        return tokens
+
+    def routed_by_prefix(self, key: str, home: bool) -> None:
+        """A request routed by prefix affinity went to ``key``; ``home``: the backend holding its prefix."""
+        self._affinity_routed[key] += 1
+        if home:
+            self._affinity_hits[key] += 1
 
 
 def _raise_churn(key: str, name: str, count: int) -> None:
@@ -367,6 +418,9 @@ class Window:
     errors: Counter[str]
     busy: Counter[str]
     redis_ok: bool
+    # Requests routed by prefix affinity per backend, and those of them sent to their prefix's home.
+    affinity_routed: Counter[str] = field(default_factory=Counter)
+    affinity_hits: Counter[str] = field(default_factory=Counter)
 
 
 def read_window(minutes: int = 5) -> Window:
@@ -377,6 +431,8 @@ def read_window(minutes: int = 5) -> Window:
     traffic: Counter[str] = Counter()
     errors: Counter[str] = Counter()
     busy: Counter[str] = Counter()
+    routed: Counter[str] = Counter()
+    hits: Counter[str] = Counter()
     try:
         benched = {
             (k.decode() if isinstance(k, bytes) else k): Bench(**json.loads(v))
@@ -388,9 +444,14 @@ def read_window(minutes: int = 5) -> Window:
             errors.update(failed)
             for k, v in client.hgetall(BUSY_KEY.format(bucket=b)).items():
                 busy[k.decode() if isinstance(k, bytes) else k] += int(v)
+            for k, v in client.hgetall(AFFINITY_KEY.format(bucket=b)).items():
+                kind, _, key = (k.decode() if isinstance(k, bytes) else k).partition(":")
+                (hits if kind == "hit" else routed)[key] += int(v)
     except (redis.RedisError, OSError):
         return Window({}, traffic, errors, busy, False)
-    return Window({k: v for k, v in benched.items() if v.until > now}, traffic, errors, busy, True)
+    return Window(
+        {k: v for k, v in benched.items() if v.until > now}, traffic, errors, busy, True, routed, hits
+    )
 
 
 def read_queue_depths() -> dict[str, int] | None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 
-from apps.clusters.models import Cluster, RoutingTier
+from apps.clusters.models import Algorithm, Cluster, RoutingTier
 from apps.gateway.lbstate import read_window
 from apps.gateway.probe import read_verdicts, summary
 
@@ -40,6 +40,10 @@ class MemberShare:
     # The gateway processes' probes of it: state up / down / unknown, since, checked_at, reason, processes
     # (how many have a fresh verdict), down_in (how many of them find it down).
     probe: dict[str, Any]
+    # Under prefix affinity: requests routed by their prefix, and the share of them that went to the
+    # backend holding their prefix (its home on the ring): the cache-hit share. None otherwise.
+    affinity_requests: int | None = None
+    cache_hit_share: float | None = None
 
 
 def cluster_report(cluster: Cluster) -> dict[str, Any]:
@@ -53,6 +57,19 @@ def cluster_report(cluster: Cluster) -> dict[str, Any]:
     total = sum(traffic.get(k, 0) for k in keys.values())
     steady = total >= STEADY_MIN_REQUESTS
     now = time.time()
+    shared_tier = (
+        RoutingTier.objects.filter(
+            tier__in=RoutingTier.objects.filter(cluster=cluster).values("tier"),
+            capability__in=RoutingTier.objects.filter(cluster=cluster).values("capability"),
+        )
+        .exclude(cluster=cluster)
+        .exists()
+    )
+    effective = Algorithm.WEIGHTED_ROUND_ROBIN if shared_tier else cluster.algorithm
+    # Under prefix affinity shares follow the prefixes, not the weights, by design: no drift is judged;
+    # the card shows how often a request reached the backend holding its prefix instead.
+    affinity = effective == Algorithm.PREFIX_AFFINITY
+    routed, hits = window.affinity_routed, window.affinity_hits
     # Members whose traffic others pick up: benched, erroring, at capacity, or parked.
     probes = {key: summary(verdicts.get(key)) for key in keys.values()}
     troubled = {
@@ -72,7 +89,9 @@ def cluster_report(cluster: Cluster) -> dict[str, Any]:
         failed = errors.get(key, 0) if key else 0
         full = busy.get(key, 0) if key else 0
         actual = served / total if total and key else None
-        drift = bool(steady and actual is not None and abs(actual - configured) > DRIFT_THRESHOLD)
+        drift = bool(
+            steady and not affinity and actual is not None and abs(actual - configured) > DRIFT_THRESHOLD
+        )
         bench = benched.get(key) if key else None
         reasons: list[str] = []
         said: list[str] = []
@@ -112,8 +131,11 @@ def cluster_report(cluster: Cluster) -> dict[str, Any]:
             )
         elif drift:
             reason = "no known reason: requests of very different cost, or a change of weights in the window"
+        elif affinity and steady and actual is not None and abs(actual - configured) > DRIFT_THRESHOLD:
+            reason = "its share follows the prefixes it holds (prefix affinity), not its weight: by design"
         else:
             reason = ""
+        affinity_requests = routed.get(key, 0) if key and affinity else None
         rows.append(
             MemberShare(
                 member=member.name,
@@ -129,20 +151,17 @@ def cluster_report(cluster: Cluster) -> dict[str, Any]:
                 reason=reason,
                 bench={**bench.as_dict(), "remaining_s": round(bench.until - now, 1)} if bench else None,
                 probe=probe or summary(None),
+                affinity_requests=affinity_requests,
+                cache_hit_share=(
+                    round(hits.get(key, 0) / affinity_requests, 4) if key and affinity_requests else None
+                ),
             )
         )
-    shared_tier = (
-        RoutingTier.objects.filter(
-            tier__in=RoutingTier.objects.filter(cluster=cluster).values("tier"),
-            capability__in=RoutingTier.objects.filter(cluster=cluster).values("capability"),
-        )
-        .exclude(cluster=cluster)
-        .exists()
-    )
+    all_routed = sum(routed.get(k, 0) for k in keys.values()) if affinity else 0
     return {
         "cluster": cluster.name,
         "algorithm": cluster.algorithm,
-        "effective_algorithm": "weighted_round_robin" if shared_tier else cluster.algorithm,
+        "effective_algorithm": effective,
         "mixed_routing": shared_tier,
         "window_minutes": WINDOW_MINUTES,
         "requests": total,
@@ -150,4 +169,11 @@ def cluster_report(cluster: Cluster) -> dict[str, Any]:
         "redis_ok": window.redis_ok,
         "probe_every_s": settings.GATEWAY_PROBE_EVERY_S,
         "members": [asdict(row) for row in rows],
+        # Prefix affinity: the requests it routed in the window and the share that reached the backend
+        # holding their prefix (None under the other algorithms, or with none routed yet).
+        "cache_hit_share": (
+            round(sum(hits.get(k, 0) for k in keys.values()) / all_routed, 4) if all_routed else None
+        ),
+        "affinity_requests": all_routed if affinity else None,
+        "load_cap_pct": settings.GATEWAY_AFFINITY_LOAD_CAP_PCT if affinity else None,
     }

@@ -12,7 +12,9 @@ refresher thread per process keeps it current, off the request path:
 3. The database away: the last table stays in use, and the next check tries again.
 
 Only a process that has no table yet builds one on a request (its first, before the refresher has).
-In-flight counts and balancer state are process-local for now.
+In-flight counts (requests and estimated tokens) reach the other processes through the load-balancer
+state's once-a-second flush (apps/gateway/lbstate.py); smooth round-robin state is each process's own,
+and prefix affinity needs none (every process builds the same ring: apps/gateway/affinity.py).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 import psycopg
 import redis
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
@@ -55,6 +58,7 @@ from apps.clusters.models import (
     effective_limits,
 )
 from apps.embedding_migrations.models import EmbeddingSpace
+from apps.gateway.affinity import Ask, Rings, bounded_pick
 from apps.gateway.limits import Limits
 from apps.servers.models import ModelServer
 
@@ -167,6 +171,7 @@ class Router:
         self._lock = threading.Lock()
         self._build_lock = threading.Lock()  # one build at a time: the refresher's, or a first request's
         self._current: dict[tuple[str, ...], dict[str, int]] = {}  # smooth WRR state per candidate set
+        self.rings = Rings()  # prefix affinity's ring per candidate set (apps/gateway/affinity.py)
         self._refresher: threading.Thread | None = None
         self._stop = threading.Event()
         self.redis_ok = True
@@ -370,15 +375,36 @@ class Router:
         return list(found.values())
 
     def pick(
-        self, backends: list[Backend], algorithm: str, exclude: set[str] | None = None
+        self,
+        backends: list[Backend],
+        algorithm: str,
+        exclude: set[str] | None = None,
+        ask: Ask | None = None,
+        ring_of: list[Backend] | None = None,
     ) -> Backend | None:
+        """A backend of ``backends`` (less ``exclude``) by ``algorithm``. ``ask``: what the request says of
+        itself (its prefix's point, its estimated tokens), for the algorithms that use it; ``ring_of``: every
+        candidate, usable or not, whose ring the prefix is placed on (default ``backends``)."""
         choices = [b for b in backends if b.key not in exclude] if exclude else backends
         if not choices:
             return None
-        if algorithm == Algorithm.LEAST_CONNECTIONS:
-            from apps.gateway.lbstate import shared
+        if algorithm == Algorithm.WEIGHTED_ROUND_ROBIN:
+            return self._smooth_wrr(choices)
+        from apps.gateway.lbstate import shared
 
+        if algorithm == Algorithm.LEAST_CONNECTIONS:
             return min(choices, key=lambda b: (shared.in_flight_estimate(b.key) / b.weight, -b.weight, b.key))
+        if algorithm == Algorithm.LEAST_OUTSTANDING:
+            work = shared.outstanding_estimate
+            return min(choices, key=lambda b: (work(b.key) / b.weight, -b.weight, b.key))
+        if algorithm == Algorithm.PREFIX_AFFINITY and ask is not None and ask.point is not None:
+            ring = self.rings.of(ring_of or backends)
+            backend, home = bounded_pick(
+                ring, ask.point, choices, shared.in_flight_estimate, settings.GATEWAY_AFFINITY_LOAD_CAP_PCT
+            )
+            if backend is not None:
+                shared.routed_by_prefix(backend.key, home)
+                return backend
         return self._smooth_wrr(choices)
 
     def _smooth_wrr(self, choices: list[Backend]) -> Backend:

@@ -16,7 +16,7 @@ into a sentence that names the field and says what it must be.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta, Struct
@@ -49,6 +49,7 @@ class _ContentPart(Struct):
     """One part of a message's content (text, image_url, input_audio, ...): an object with a type."""
 
     type: str
+    text: Any = None  # a text part's text (prefix routing reads it; the engine judges it)
 
 
 class _Message(Struct):

@@ -21,7 +21,7 @@ import psycopg
 from django.conf import settings
 from django.utils import timezone
 
-from apps.nodes import codes
+from apps.nodes import codes, engine_signals
 from apps.nodes.heartbeat import (
     HEARTBEAT_SQL,
     HeartbeatRow,
@@ -286,8 +286,9 @@ class HeartbeatEndpoint:
             report = parse_report(body)
         except InvalidReport as exc:
             return _error(400, exc.code, exc.message)
+        now = timezone.now()
         try:
-            row = await self.batcher.record(heartbeat_row(digest(credential), report, timezone.now()))
+            row = await self.batcher.record(heartbeat_row(digest(credential), report, now))
         except NotRecorded as exc:
             error_logger.warning("heartbeat not recorded: %s", exc)
             return _error(
@@ -315,6 +316,10 @@ class HeartbeatEndpoint:
                 unauthorized,
             )
         node_id, enabled, _ = row
+        if report.servers:
+            # To Redis, not the database, and not waited for (apps/nodes/engine_signals.py): only once the
+            # credential has proved which node this is.
+            engine_signals.writer.submit(str(node_id), report.servers, now.timestamp())
         return (
             200,
             {

@@ -18,6 +18,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
+from uuid import UUID
 
 import msgspec
 from django.db import connection
@@ -71,6 +72,27 @@ class ModelPresentReport(_Strict):
     kind: Literal["weights_directory", "gguf_file", "gguf_directory"]
 
 
+MAX_SERVERS = 256
+MAX_REQUESTS = 1_000_000  # an engine's running or waiting requests; more is garbage, not load
+
+
+class EngineReport(_Strict):
+    """An engine's own account of its load, read by the agent from its metrics (agent/engine_signals.py)."""
+
+    running: Annotated[int, msgspec.Meta(ge=0, le=MAX_REQUESTS)]
+    waiting: Annotated[int, msgspec.Meta(ge=0, le=MAX_REQUESTS)]
+    # The agent's clock (Unix seconds) when it read them; the control plane keeps its own receipt time.
+    at: Annotated[float, msgspec.Meta(ge=0, le=2**40)]
+    kv_cache_used: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+
+
+class ServerReport(_Strict):
+    """One model server this node runs; only ``engine`` so far, and only where its engine says."""
+
+    server_id: UUID
+    engine: EngineReport | None = None
+
+
 class HeartbeatReport(_Strict):
     """One heartbeat: inventory and telemetry of the node, as the agent measured it."""
 
@@ -82,6 +104,7 @@ class HeartbeatReport(_Strict):
     gpus: Annotated[list[GpuReport], msgspec.Meta(max_length=MAX_GPUS)]
     models_present: Annotated[list[ModelPresentReport], msgspec.Meta(max_length=MAX_MODELS)]
     agent_url: Annotated[str, msgspec.Meta(max_length=255)] = ""
+    servers: Annotated[list[ServerReport], msgspec.Meta(max_length=MAX_SERVERS)] = []
 
 
 class InvalidReport(Exception):
@@ -134,6 +157,11 @@ def _cross_field_problems(report: HeartbeatReport) -> Any:
         yield "gpus: a cpu node reports no GPUs - at `$.gpus`"
     if report.accelerator == "nvidia" and not report.gpus:
         yield "gpus: an nvidia node reports at least one GPU - at `$.gpus`"
+    servers: set[UUID] = set()
+    for position, server in enumerate(report.servers):
+        if server.server_id in servers:
+            yield f"servers: server {server.server_id} is reported twice - at `$.servers[{position}]`"
+        servers.add(server.server_id)
     if report.agent_url:
         parts = urlsplit(report.agent_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:

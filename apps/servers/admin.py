@@ -6,6 +6,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from apps.core.work_actions import WorkAdminActions
+from apps.nodes.engine_signals import engine_view
 from apps.servers import services
 from apps.servers.choices import TERMINAL
 from apps.servers.models import ModelServer, Reservation, ServerEvent, ServerTombstone
@@ -49,8 +50,19 @@ class ModelServerAdmin(WorkAdminActions):
     )
     list_filter = ("state", "profile", "restart_policy")
     search_fields = ("name", "model", "node__name")
-    readonly_fields = [f.name for f in ModelServer._meta.fields]
+    readonly_fields = [*(f.name for f in ModelServer._meta.fields), "engine_load"]
     inlines = [ReservationInline, ServerEventInline]
+
+    @admin.display(description="engine load")
+    def engine_load(self, server: ModelServer) -> str:
+        """The engine's own load as its node last reported it (apps/nodes/engine_signals.py)."""
+        view = engine_view(str(server.pk), str(server.node_id) if server.node_id else None)
+        if view.signals is None:
+            return "unknown (Redis did not answer)" if view.state == "unknown" else "not reported"
+        kv = "KV cache not reported" if view.kv_percent is None else f"KV cache {view.kv_percent} % used"
+        stale = ", stale" if view.state == "stale" else ""
+        return f"{view.signals.running} running, {view.signals.waiting} waiting, {kv}{stale}"
+
     actions = [
         "stop_servers",
         "restart_servers",

@@ -96,6 +96,8 @@ def launch(server: ModelServer) -> None:
                 "meta": {
                     "name": server.name,
                     "profile": server.profile,
+                    # Which engine's metrics the agent reads for the heartbeat (agent/engine_signals.py).
+                    "engine": profile.engine,
                     "gpus": gpu_indexes,
                     "memory_per_unit_bytes": server.memory_per_unit_bytes,
                     "memory_rule": server.memory_rule,

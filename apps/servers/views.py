@@ -14,6 +14,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from apps.artifacts.models import Artifact, ArtifactState
+from apps.nodes.engine_signals import engine_view
 from apps.nodes.models import Node
 from apps.servers import recovery, services
 from apps.servers.api.serializers import PlaceRequestSerializer
@@ -108,6 +109,7 @@ def server_detail(request: HttpRequest, pk: str) -> HttpResponse:
         "reservations": server.reservations.select_related("gpu"),
         "events": server.events.all()[:50],
         "used_by": used_by(server),
+        "engine": engine_view(str(server.pk), str(server.node_id) if server.node_id else None),
         "next_restart_at": recovery.next_restart_at(server),
         "max_restart_attempts": settings.SERVER_RESTART_MAX_ATTEMPTS,
         "restart_policies": RestartPolicy.choices,

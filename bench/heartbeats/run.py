@@ -170,8 +170,8 @@ def pgbench_ceiling(workdir: Path, env: dict[str, str], nodes: int, connections:
     return float(tps.split()[2])
 
 
-def report_body(gpus: int) -> dict:
-    return {
+def report_body(gpus: int, engine_servers: int = 0) -> dict:
+    body = {
         "agent_version": "0.1.0",
         "accelerator": "nvidia",
         "agent_url": "http://10.1.2.3:8471",
@@ -193,6 +193,16 @@ def report_body(gpus: int) -> dict:
         ],
         "models_present": [{"name": f"model-{i}", "kind": "weights_directory"} for i in range(4)],
     }
+    if engine_servers:
+        # Engine signals (apps/nodes/engine_signals.py): they cost a Redis write, not a database one.
+        body["servers"] = [
+            {
+                "server_id": f"00000000-0000-4000-8000-{i:012x}",
+                "engine": {"running": 3, "waiting": 1, "kv_cache_used": 0.42, "at": 1796000000.5},
+            }
+            for i in range(engine_servers)
+        ]
+    return body
 
 
 def main() -> int:
@@ -205,6 +215,9 @@ def main() -> int:
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--web-workers", type=int, default=2)
     parser.add_argument("--sweep-nodes", type=int, default=10_000)
+    parser.add_argument(
+        "--engine-servers", type=int, default=0, help="servers with engine signals in each heartbeat"
+    )
     parser.add_argument("--no-ceiling", action="store_true", help="skip pgbench's single-row UPDATE ceiling")
     parser.add_argument("--no-sweep", action="store_true", help="skip the liveness sweeps")
     parser.add_argument("--no-heartbeats", action="store_true", help="only the liveness sweeps")
@@ -234,7 +247,7 @@ def main() -> int:
                 batch_size=2000,
             )
             (workdir / "credentials.txt").write_text("\n".join(credentials) + "\n")
-            (workdir / "body.json").write_text(json.dumps(report_body(args.gpus)))
+            (workdir / "body.json").write_text(json.dumps(report_body(args.gpus, args.engine_servers)))
             connection.close()
 
             port = free_port()

@@ -306,6 +306,14 @@ MemberShareSerializer = inline_serializer(
         "reason": serializers.CharField(allow_blank=True),
         "bench": BenchSerializer(allow_null=True),
         "probe": BackendProbeSerializer(),
+        "affinity_requests": serializers.IntegerField(
+            allow_null=True, help_text="Prefix affinity: requests routed to it by their prefix in the window."
+        ),
+        "cache_hit_share": serializers.FloatField(
+            allow_null=True,
+            help_text="Prefix affinity: the share of those that went to it as their prefix's home (the "
+            "backend holding the prefix's cache); the rest were sent on past a load cap or an outage.",
+        ),
     },
 )
 
@@ -321,3 +329,13 @@ class LoadBalancerReportSerializer(serializers.Serializer):
     redis_ok = serializers.BooleanField()
     probe_every_s = serializers.IntegerField(help_text="How often each gateway process probes a backend.")
     members = serializers.ListField(child=MemberShareSerializer)
+    cache_hit_share = serializers.FloatField(
+        allow_null=True,
+        help_text="Prefix affinity: the share of requests routed by prefix that reached the backend holding "
+        "their prefix; null under other algorithms or before any.",
+    )
+    affinity_requests = serializers.IntegerField(allow_null=True)
+    load_cap_pct = serializers.IntegerField(
+        allow_null=True,
+        help_text="Prefix affinity's load cap: the % of the mean load (by weight) a backend may carry.",
+    )

@@ -84,6 +84,34 @@ def test_the_openai_sdk_gets_embeddings_with_shares_that_follow_the_weights(live
     assert [m.id for m in client.models.list()] == ["chat.general@1", "rag.embedding@1"]
 
 
+def test_prefix_affinity_over_the_sdk_by_conversation_start_or_session_header(live_web, routed):
+    """The cluster switched to prefix_affinity at runtime: each tenant's long system prompt, and each
+    X-ModelForge-Session, keeps to one backend whatever the user turn (the many-process and outage cases
+    are in test_affinity_http.py)."""
+    routed.algorithm = "prefix_affinity"
+    routed.save()
+    key = credential(["chat.general@1"])
+    wait_for_route(live_web, key, "chat.general@1")
+    client = sdk(live_web, key)
+    served: dict[str, set[str]] = {}
+    for turn in range(4):
+        for tenant in range(6):
+            system = f"You answer for tenant {tenant}. " + f"Rule {tenant}: cite the contract. " * 40
+            raw = client.chat.completions.with_raw_response.create(
+                model="chat.general@1",
+                messages=[{"role": "system", "content": system}, {"role": "user", "content": f"q{turn}"}],
+            )
+            served.setdefault(f"tenant {tenant}", set()).add(raw.headers["x-modelforge-backend"])
+            raw = client.chat.completions.with_raw_response.create(
+                model="chat.general@1",
+                messages=[{"role": "user", "content": f"turn {turn} of a short chat"}],
+                extra_headers={"X-ModelForge-Session": f"conversation-{tenant}"},
+            )
+            served.setdefault(f"session {tenant}", set()).add(raw.headers["x-modelforge-backend"])
+    assert all(len(backends) == 1 for backends in served.values()), served
+    assert len(set().union(*served.values())) == 2  # twelve prefixes, both backends used
+
+
 def test_streaming_chat_passes_through_chunk_by_chunk(live_web, routed):
     key = credential(["chat.general@1"])
     wait_for_route(live_web, key, "chat.general@1")

@@ -11,8 +11,9 @@ import redis
 from django.conf import settings
 from django.contrib.auth.models import User
 
+from apps.clusters.models import Algorithm
 from apps.clusters.tests.factories import bind, cluster_with, loopback_node, running_server
-from apps.gateway.lbstate import BENCH_KEY, BUSY_KEY, ERRORS_KEY, TRAFFIC_BUCKET_S, TRAFFIC_KEY
+from apps.gateway.lbstate import AFFINITY_KEY, BENCH_KEY, BUSY_KEY, ERRORS_KEY, TRAFFIC_BUCKET_S, TRAFFIC_KEY
 
 pytestmark = pytest.mark.django_db
 
@@ -22,7 +23,9 @@ def store():
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     bucket = int(time.time() // TRAFFIC_BUCKET_S)
     keys = [BENCH_KEY] + [
-        k.format(bucket=b) for k in (TRAFFIC_KEY, ERRORS_KEY, BUSY_KEY) for b in range(bucket - 5, bucket + 1)
+        k.format(bucket=b)
+        for k in (TRAFFIC_KEY, ERRORS_KEY, BUSY_KEY, AFFINITY_KEY)
+        for b in range(bucket - 5, bucket + 1)
     ]
     client.delete(*keys)
     yield client, bucket
@@ -81,6 +84,36 @@ def test_the_badge_appears_with_its_reason_and_clears(operator_client, store, tr
     rows = report(operator_client, cluster)
     assert not any(rows[m]["drift"] for m in ("a", "b", "c"))
     assert rows["b"]["reason"] == ""
+
+
+def test_under_prefix_affinity_shares_differ_by_design_and_the_cache_hit_share_is_shown(
+    client, operator_client, store, trio
+):
+    redis_client, bucket = store
+    cluster, a, b, _ = trio
+    cluster.algorithm = Algorithm.PREFIX_AFFINITY
+    cluster.save()
+    # Configured 2:1, actual 1:3 (b holds the busy tenants' prefixes): no drift badge, the hit share instead.
+    redis_client.hset(TRAFFIC_KEY.format(bucket=bucket), mapping={str(a.pk): 50, str(b.pk): 150})
+    redis_client.hset(
+        AFFINITY_KEY.format(bucket=bucket),
+        mapping={f"all:{a.pk}": 50, f"hit:{a.pk}": 45, f"all:{b.pk}": 150, f"hit:{b.pk}": 120},
+    )
+    rows = report(operator_client, cluster)
+    assert not any(rows[m]["drift"] for m in ("a", "b", "c"))
+    assert rows["b"]["reason"].endswith("by design") and rows["b"]["actual_share"] == 0.75
+    assert (rows["a"]["cache_hit_share"], rows["b"]["cache_hit_share"]) == (0.9, 0.8)
+    assert rows["_"]["cache_hit_share"] == 0.825 and rows["_"]["affinity_requests"] == 200
+    assert rows["_"]["load_cap_pct"] == settings.GATEWAY_AFFINITY_LOAD_CAP_PCT
+    client.force_login(User.objects.create_user("ops", is_staff=True))
+    page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+    assert 'id="cache-hit-share">82%' in page and "differ by design" in page and "drift-badge" not in page
+    # Under the other algorithms, no hit share and the drift badge as before.
+    cluster.algorithm = Algorithm.LEAST_OUTSTANDING
+    cluster.save()
+    rows = report(operator_client, cluster)
+    assert rows["_"]["cache_hit_share"] is None and rows["a"]["cache_hit_share"] is None
+    assert rows["a"]["drift"] and rows["b"]["drift"]
 
 
 def test_under_light_load_no_drift_is_judged(operator_client, store, trio):

@@ -9,6 +9,7 @@ from rest_framework import serializers
 
 from apps.artifacts.models import Artifact
 from apps.nodes.api.serializers import StrictSerializer
+from apps.nodes.engine_signals import engine_view
 from apps.servers import recovery
 from apps.servers.choices import RestartPolicy
 from apps.servers.models import ModelServer, ServerEvent
@@ -153,14 +154,39 @@ class UsedBySerializer(serializers.Serializer):
     capabilities = CapabilityUseSerializer(many=True)
 
 
+class EngineSignalsSerializer(serializers.Serializer):
+    state = serializers.ChoiceField(
+        choices=["reported", "stale", "not_reported", "unknown"],
+        help_text="reported: within MODELFORGE_ENGINE_SIGNALS_MAX_AGE_S; stale: older; not_reported: "
+        "the engine publishes no metrics the agent reads (or the node never said); unknown: Redis did "
+        "not answer.",
+    )
+    running = serializers.IntegerField(allow_null=True, help_text="Requests the engine is working on.")
+    waiting = serializers.IntegerField(allow_null=True, help_text="Requests queued inside the engine.")
+    kv_cache_used = serializers.FloatField(
+        allow_null=True, help_text="Share of the KV cache in use, 0..1; null when the engine does not say."
+    )
+    reported_at = serializers.FloatField(
+        allow_null=True, help_text="Unix seconds: when the heartbeat carrying them arrived."
+    )
+
+
 class ModelServerDetailSerializer(ModelServerSerializer):
     placement_explanation = serializers.JSONField(read_only=True)
     events = serializers.SerializerMethodField()
     used_by = serializers.SerializerMethodField()
+    engine = serializers.SerializerMethodField(
+        help_text="The engine's own load as its node last reported it with a heartbeat."
+    )
 
     class Meta(ModelServerSerializer.Meta):
-        fields = [*ModelServerSerializer.Meta.fields, "placement_explanation", "used_by", "events"]
+        fields = [*ModelServerSerializer.Meta.fields, "placement_explanation", "used_by", "engine", "events"]
         read_only_fields = fields
+
+    @extend_schema_field(EngineSignalsSerializer)
+    def get_engine(self, server: ModelServer) -> dict[str, Any]:
+        node = str(server.node_id) if server.node_id else None
+        return engine_view(str(server.pk), node).as_payload()
 
     @extend_schema_field(UsedBySerializer)
     def get_used_by(self, server: ModelServer) -> dict[str, Any]:
