@@ -11,8 +11,10 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -90,6 +92,19 @@ def start_web(
 
 def route_to_one_backend(host: str, port: int) -> None:
     """rag.embedding@1 and chat.general@1 served by one running 'server' at host:port (no agent)."""
+    route_to_backends(host, {"bench": port})
+
+
+def route_to_backends(
+    host: str,
+    ports: dict[str, int],
+    *,
+    capabilities: Iterable[str] = ("rag.embedding@1", "chat.general@1"),
+    profile: str = "test-echo",
+    algorithm: str | None = None,
+) -> Any:
+    """One cluster of running 'servers' (member name -> port on ``host``, no agent) serving
+    ``capabilities``; returns the cluster (its ``algorithm`` is the runtime knob a bench may turn)."""
     from django.utils import timezone
 
     from apps.clusters.models import Capability, Cluster, ClusterMember, RoutingTier, digest
@@ -104,10 +119,78 @@ def route_to_one_backend(host: str, port: int) -> None:
         last_heartbeat_at=timezone.now() + timezone.timedelta(days=1),
         agent_url=f"http://{host}:1",
     )
-    server = ModelServer.objects.create(
-        name="bench", profile="test-echo", model="bench", node=node, port=port, state="running"
-    )
-    cluster = Cluster.objects.create(name="bench")
-    ClusterMember.objects.create(cluster=cluster, name="bench", server=server)
-    for name in ("rag.embedding@1", "chat.general@1"):
+    cluster = Cluster.objects.create(name="bench", **({"algorithm": algorithm} if algorithm else {}))
+    for name, port in ports.items():
+        server = ModelServer.objects.create(
+            name=name, profile=profile, model="bench", node=node, port=port, state="running"
+        )
+        ClusterMember.objects.create(cluster=cluster, name=name, server=server)
+    for name in capabilities:
         RoutingTier.objects.create(capability=Capability.objects.create(name=name), cluster=cluster)
+    return cluster
+
+
+def wait_http(url: str, seconds: float = 60) -> None:
+    """Until ``GET url`` answers below 500."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} did not answer")
+
+
+def demo_gguf(models_dir: Path) -> Path:
+    """The Gemma 3 270M Q4_K_M GGUF in ``models_dir`` (``manage.py install_demo_gguf``; ``make engines``)."""
+    from django.core.management import call_command
+
+    call_command("install_demo_gguf", models_dir=models_dir)
+    (gguf,) = models_dir.glob("*.gguf")
+    return gguf
+
+
+def start_llama_server(
+    env: dict[str, str],
+    gguf: Path,
+    port: int,
+    *,
+    core: str | None = "0",
+    n_ctx: int = 512,
+    extra: Iterable[str] = (),
+    log: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    """llama-cpp-python's OpenAI-compatible server on one thread (pinned to ``core``), in a session of
+    its own; its output to ``log`` (``--verbose`` is the server's default) or nowhere."""
+    argv = [PYTHON, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1"]
+    argv += ["--port", str(port), "--n_threads", "1", "--n_threads_batch", "1", "--n_ctx", str(n_ctx)]
+    argv += list(extra)
+    if core is not None:
+        argv = ["taskset", "-c", core, *argv]
+    out: Any = subprocess.DEVNULL if log is None else log.open("ab")
+    try:
+        return subprocess.Popen(
+            argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    finally:
+        if log is not None:
+            out.close()
+
+
+def stop(process: subprocess.Popen[bytes], seconds: float = 20) -> None:
+    """SIGTERM to a process started in a session of its own (its group), SIGKILL if it lingers."""
+    import signal
+
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(seconds)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(seconds)

@@ -35,8 +35,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import PYTHON, ROOT, free_port, route_to_one_backend, start_web, throwaway_stack
-from run import cpu_seconds, group_pids, wait_http
+from common import (
+    PYTHON,
+    demo_gguf,
+    free_port,
+    route_to_one_backend,
+    start_llama_server,
+    start_web,
+    throwaway_stack,
+    wait_http,
+)
+from run import cpu_seconds, group_pids
 
 PROMPT = "Count from one to one hundred, in words, separated by commas: one, two,"
 CAPABILITY = "chat.general@1"
@@ -127,8 +136,6 @@ def main() -> int:
     os.sched_setaffinity(0, {1})  # this client on core 1; engine and gateway on core 0
     processes: list[subprocess.Popen[bytes]] = []
     with throwaway_stack() as (workdir, env):
-        from django.core.management import call_command
-
         from apps.clusters.models import ClientCredential
 
         engine_port, gateway_port = free_port(), free_port()
@@ -139,25 +146,23 @@ def main() -> int:
             argv += ["--http", "httptools", "--log-level", "warning", "--no-access-log"]
             health, cwd = f"http://127.0.0.1:{engine_port}/health", Path(__file__).resolve().parent
         else:
-            models = workdir / "models"
-            call_command("install_demo_gguf", models_dir=models)
-            (gguf,) = models.glob("*.gguf")
+            gguf = demo_gguf(workdir / "models")
             name = f"llama.cpp ({gguf.name}, 1 thread)"
-            argv = ["-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1"]
-            argv += ["--port", str(engine_port), "--n_threads", "1", "--n_threads_batch", "1"]
-            argv += ["--n_ctx", "512"]
-            health, cwd = f"http://127.0.0.1:{engine_port}/v1/models", ROOT
+            health = f"http://127.0.0.1:{engine_port}/v1/models"
         route_to_one_backend("127.0.0.1", engine_port)
         _, key = ClientCredential.objects.mint(name="bench", scopes=[CAPABILITY])
         try:
-            engine = subprocess.Popen(
-                ["taskset", "-c", "0", PYTHON, *argv],
-                cwd=cwd,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+            if chat:
+                engine = subprocess.Popen(
+                    ["taskset", "-c", "0", PYTHON, *argv],
+                    cwd=cwd,
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            else:
+                engine = start_llama_server(env, gguf, engine_port, core="0", n_ctx=512)
             processes.append(engine)
             gateway = start_web(env, gateway_port)
             processes.append(gateway)

@@ -26,7 +26,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import PYTHON, free_port, route_to_one_backend, start_web, throwaway_stack
+from common import PYTHON, free_port, route_to_one_backend, start_web, throwaway_stack, wait_http
 
 HERE = Path(__file__).resolve().parent
 PYSPY = str(Path(PYTHON).with_name("py-spy"))  # the dev extra's sampling profiler, for --profile
@@ -64,18 +64,6 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except OSError:
         return None
-
-
-def wait_http(url: str, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} did not answer")
 
 
 def wrk(url: str, body: dict, auth: str, conns: int, seconds: int) -> dict:
