@@ -548,6 +548,11 @@ def main() -> int:
     parser.add_argument("--system-tokens", type=int, default=1000, help="each system prompt at least (1000)")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument(
+        "--warmup",
+        action="store_true",
+        help="before measuring a series, each tenant once through that series' routing (not measured)",
+    )
+    parser.add_argument(
         "--cache-entries", type=int, default=3, help="saved states each engine's RAM cache holds (3; 0: none)"
     )
     parser.add_argument("--n-batch", type=int, default=512)
@@ -558,7 +563,7 @@ def main() -> int:
         "--probe-timeout-ms",
         type=int,
         help="MODELFORGE_GATEWAY_PROBE_TIMEOUT_MS for the web processes (default: the setting's, 1000); "
-        "llama-cpp-python answers its health path, /v1/models, only between requests (see README.md)",
+        "(the first runs needed 30000: engines were probed on /v1/models, answered between requests only)",
     )
     parser.add_argument(
         "--base-port",
@@ -696,6 +701,13 @@ def main() -> int:
                     print(f"{label}: unknown series; skipped")
                     continue
                 try:
+                    if args.warmup:
+                        # Each tenant once, at once, through the series' own routing; then measure from
+                        # caches that routing filled (its steady state, not its cold start).
+                        warm = [Arrival(0.25 * t, t, "Hello.") for t in range(args.tenants)]
+                        asyncio.run(run_series(target, warm, systems, args.max_tokens))
+                        for engine in engines:
+                            engine.set_mark()
                     results = asyncio.run(run_series(target, arrivals, systems, args.max_tokens))
                 finally:
                     if litellm is not None:
