@@ -61,6 +61,7 @@ KNOWN_ELSEWHERE = frozenset(
         "MODELFORGE_TEST_PAUSE_AT",  # the backup and restore kill tests
         "MODELFORGE_TEST_PG15_URL",  # tests/test_database_compatibility.py
         "MODELFORGE_FUZZ_URL",  # bench/fuzz
+        "MODELFORGE_BENCH_LITELLM",  # bench/routing: LiteLLM's own virtual environment
         "MODELFORGE_TEST_FUZZ_SEED",  # tests/test_api_fuzz.py
         "MODELFORGE_TEST_FUZZ_EXAMPLES",
     }

@@ -525,15 +525,17 @@ def test_least_outstanding_sends_the_next_requests_away_from_a_backend_holding_a
     for url in (live_web.url, gateway_b.url):
         ready(url, key)
     pool.settled(2)
-    # A long slow request (a 4,000-character prompt, max_tokens 2,000, 40 words streamed: 8 s).
+    # A long slow request (a 4,000-character prompt, max_tokens 2,000, 80 words streamed: 16 s).
     long_one = started(
-        live_web.url, key, chat_body(long_text("Contract", 4000), words(40), stream=True, max_tokens=2000)
+        live_web.url, key, chat_body(long_text("Contract", 4000), words(80), stream=True, max_tokens=2000)
     )
     busy = long_one.backend
     other = ({"pool/p", "pool/q"} - {busy}).pop()
     short = chat_body("Be brief.", "hi", max_tokens=16)
     assert [served_by(live_web.url, key, "/v1/chat/completions", short) for _ in range(5)] == [other] * 5
-    time.sleep(1.3)  # the second process has the first one's counts (its once-a-second flush)
+    # The second process has the first one's counts after a flush of each (once a second; later on a
+    # loaded machine): from then on it sends the short requests away from the long one too.
+    assert wait_until(lambda: served_by(gateway_b.url, key, "/v1/chat/completions", short) == other, 10)
     assert [served_by(gateway_b.url, key, "/v1/chat/completions", short) for _ in range(5)] == [other] * 5
     # Work, not connections: two small slow requests on the other backend are less than the long one.
     smalls = [
@@ -544,4 +546,4 @@ def test_least_outstanding_sends_the_next_requests_away_from_a_backend_holding_a
     assert served_by(live_web.url, key, "/v1/chat/completions", short) == other
     assert long_one.is_alive(), "the long request ended before the test was done with it"
     for stream in (long_one, *smalls):
-        stream.join(20)
+        stream.join(30)
