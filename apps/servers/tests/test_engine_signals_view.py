@@ -3,6 +3,7 @@ Redis as the heartbeat left them; "not reported" when the engine says nothing, n
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -44,14 +45,15 @@ def test_the_page_shows_running_waiting_and_kv_use(client, store, server):
     body = client.get(f"/servers/{server.pk}/").content.decode()
     assert "3 running, 1 waiting" in body
     assert "KV cache: 25 % used" in body
-    assert "Reported 1 s ago with the node" in body
+    # Reported 1 s before the page was asked for: a second or two more on a loaded machine.
+    assert re.search(r"Reported [1-4] s ago with the node", body), body
 
 
 def test_the_page_says_not_reported_when_the_engine_says_nothing(client, store, server):
     client.force_login(User.objects.create_user("ops", is_staff=True))
     body = client.get(f"/servers/{server.pk}/").content.decode()
     assert "Not reported: the engine publishes no load metrics" in body
-    report(store, server, kv=None, age_s=600 - 5)
+    report(store, server, kv=None, age_s=600 - 30)  # 9.5 min: stale, not yet forgotten (10 min)
     body = client.get(f"/servers/{server.pk}/").content.decode()
     assert "KV cache: not reported by the engine" in body
     assert "Stale: last reported 9 min" in body
