@@ -274,12 +274,13 @@ def test_a_prefix_lands_on_the_same_backend_through_either_gateway_process(live_
     print(f"affinity: 16 prompts x 4 through two processes, homes {dict(spread)}")
 
 
-def homes_by_embedding(pool: Pool, urls: list[str], key: str, inputs: list[str]) -> dict[int, str]:
-    """Each input's backend, through every process in turn (asserting they agree)."""
+def through_each(pool: Pool, urls: list[str], key: str, send, texts: list[str]) -> dict[int, str]:
+    """Each text's backend (``send(url, key, text)``), through every process in turn (asserting they
+    agree)."""
     per_process = []
     for url in urls:
         pool.quiet()
-        per_process.append({i: embed(url, key, text) for i, text in enumerate(inputs)})
+        per_process.append({i: send(url, key, text) for i, text in enumerate(texts)})
     assert all(found == per_process[0] for found in per_process), per_process
     return per_process[0]
 
@@ -319,7 +320,7 @@ def test_a_backend_benched_mid_run_passes_its_prefixes_to_the_next_on_the_ring_a
     assert raw is not None, "never benched"
     until = json.loads(raw)["until"]
     # Both processes (the session's reads the bench list at its next flush, within quiet()'s wait).
-    during = homes_by_embedding(pool, urls, key, inputs)
+    during = through_each(pool, urls, key, embed, inputs)
     assert time.time() < until, "too slow: the bench was over before every prefix was sent"
     for i, backend in during.items():
         if i in moved:  # to the next backend on its ring, the same through both processes
@@ -332,16 +333,6 @@ def test_a_backend_benched_mid_run_passes_its_prefixes_to_the_next_on_the_ring_a
         assert wait_until(lambda: all(embed(url, key, inputs[i]) == victim for i in moved), 30)  # noqa: B023
     assert {i: embed(live_web.url, key, text) for i, text in enumerate(inputs)} == homes
     print(f"bench: {len(moved)} of {len(inputs)} prefixes moved off {victim} and back")
-
-
-def through_each(pool: Pool, urls: list[str], key: str) -> dict[int, str]:
-    """Each of ``SYSTEMS``' backend, through every process in turn (asserting they agree)."""
-    per_process = []
-    for url in urls:
-        pool.quiet()
-        per_process.append({i: chat(url, key, system) for i, system in enumerate(SYSTEMS)})
-    assert all(found == per_process[0] for found in per_process), per_process
-    return per_process[0]
 
 
 def probe_state(server: ModelServer) -> str:
@@ -373,7 +364,7 @@ def test_a_killed_backend_passes_its_prefixes_on_with_no_client_error_and_takes_
         for i, system in enumerate(SYSTEMS):
             during[i].add(chat(url, key, system))
     assert wait_until(lambda: probe_state(pool.servers[name]) == "down", 15)
-    for i, backend in through_each(pool, urls, key).items():  # down by probe in both processes
+    for i, backend in through_each(pool, urls, key, chat, SYSTEMS).items():  # down by probe in both processes
         during[i].add(backend)
     for i, backends in during.items():
         if i in moved:
