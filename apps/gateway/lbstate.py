@@ -350,6 +350,7 @@ class SharedState:
         except (redis.RedisError, OSError) as exc:
             self._redis_failed(exc)
             self.others_in_flight, self.others_tokens = Counter(), Counter()
+            self.engine_load = {}  # not refreshed while Redis is away: not believed either
             self._affinity_hits.update(hits)  # kept for the next flush, as usage is
             self._affinity_routed.update(routed)
             self._queued_written = True  # written again once Redis answers
