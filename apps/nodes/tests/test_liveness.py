@@ -214,6 +214,41 @@ def test_heartbeats_and_transitions_change_no_indexed_column_of_the_node_row():
     assert indexed & written == set()
 
 
+def test_a_sweep_moving_every_node_at_once_rewrites_each_row_in_place(clock, settings):
+    """Half of each node-table page is left free at insert (migration 0005), so a sweep that moves a whole
+    fleet at once -- every row of every page -- is HOT: no row moves to another page, no index entry is
+    written. On full pages most of those rows moved, each with an entry in every index."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reloptions FROM pg_class WHERE oid = 'nodes_node'::regclass")
+        assert cursor.fetchone()[0] == ["fillfactor=50"]
+    Node.objects.bulk_create(
+        Node(
+            name=f"fleet-{i}",
+            accelerator="cpu",
+            credential_hash=f"{i:064x}",
+            liveness="online",
+            last_heartbeat_at=timezone.now() - timedelta(hours=1),
+        )
+        for i in range(300)
+    )
+
+    def hot_and_all() -> tuple[int, int]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_stat_get_xact_tuples_hot_updated('nodes_node'::regclass),"
+                " pg_stat_get_xact_tuples_updated('nodes_node'::regclass)"
+            )
+            return cursor.fetchone()
+
+    settings.LIVENESS_MASS_LOSS_MIN_NODES = 10**9  # the guard off: every node goes
+    hot_before, updated_before = hot_and_all()
+    moved = sweep()
+    hot_after, updated_after = hot_and_all()
+    assert len(moved.offline) == 300
+    assert updated_after - updated_before == 300
+    assert hot_after - hot_before == 300
+
+
 def test_only_enabled_online_fresh_nodes_are_assignable(clock, settings):
     online, c1 = make_node(name="online")
     _, c2 = make_node(name="disabled", enabled=False)
