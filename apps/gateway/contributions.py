@@ -86,7 +86,8 @@ def probe_gauge() -> GaugeMetricFamily:
 
 class ServingCollector(Collector):
     """Requests, errors, limit refusals, tokens, and histograms of time to first token and total time per
-    capability and backend, totalled in Redis by every gateway process's flush (apps/gateway/usage.py)."""
+    capability and backend, and admission's queue refusals per capability and code, totalled in Redis by
+    every gateway process's flush (apps/gateway/usage.py)."""
 
     def collect(self) -> Iterator[Any]:
         from apps.clusters.models import Capability
