@@ -12,6 +12,8 @@ NAVIGATION: list[dict[str, str | None]] = [
     {"key": "nodes", "label": "Nodes", "url_name": "nodes:list"},
     {"key": "servers", "label": "Model servers", "url_name": "servers:list"},
     {"key": "clusters", "label": "Clusters", "url_name": "clusters:list"},
+    # Next to the credentials (on the Clusters page) whose empty limits they fill in.
+    {"key": "project-limits", "label": "Project limits", "url_name": "clusters:project-limits"},
     {"key": "playground", "label": "Playground", "url_name": "clusters:playground"},
     {"key": "artifacts", "label": "Artifacts", "url_name": "artifacts:list"},
     {"key": "backups", "label": "Backups", "url_name": "backups:list"},

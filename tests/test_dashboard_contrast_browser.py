@@ -8,7 +8,7 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from apps.artifacts.models import Artifact
-from apps.clusters.models import Capability, Cluster, ClusterMember
+from apps.clusters.models import Capability, Cluster, ClusterMember, ProjectLimits
 from apps.clusters.tests.factories import loopback_node, running_server
 from apps.embedding_migrations.models import ConsumerAlias, Cutover, EmbeddingSpace, VectorStore
 from tests.fixtures import log_in
@@ -78,6 +78,7 @@ def test_no_visible_button_on_any_dashboard_page_is_text_on_its_own_colour(live_
     # An unlocked cluster too, so Save, Remove and Attach all render.
     open_cluster = Cluster.objects.create(name="open")
     ClusterMember.objects.create(cluster=open_cluster, name="m1")
+    defaults = ProjectLimits.objects.create(project="shop", requests_per_minute=3)
     pages = [
         "/",
         "/nodes/",
@@ -89,6 +90,8 @@ def test_no_visible_button_on_any_dashboard_page_is_text_on_its_own_colour(live_
         f"/clusters/{cluster.pk}/",
         f"/clusters/{open_cluster.pk}/",
         "/clusters/playground/",
+        "/clusters/project-limits/",
+        f"/clusters/project-limits/{defaults.pk}/",
         "/artifacts/",
         f"/artifacts/{ready.pk}/",
         f"/artifacts/{held.pk}/",

@@ -6,7 +6,9 @@
 derived from the model's name and the text: 8 dimensions, or N for a name ending ``-Nd``) and
 ``POST /v1/chat/completions`` (echoes the last user message, or streams it word by word with
 ``"stream": true``). An input containing ``__status_NNN__`` is answered with that status, so tests can
-make a backend fail on purpose. With ``--metrics llamacpp`` (or ``vllm``) it also answers
+make a backend fail on purpose. ``GET /stats`` says how many requests it answers now, the most it ever
+answered at once, and when each of the latest began and ended (Unix time), so tests can measure the
+concurrency a backend really saw. With ``--metrics llamacpp`` (or ``vllm``) it also answers
 ``GET /metrics`` with that engine's Prometheus gauges (requests running: the requests it is answering;
 waiting: 0; vLLM's KV-cache share: 1 % per running request), so the agent's engine signals can be seen
 end to end; without the option it has none, like llama-cpp-python's server. It is
@@ -25,6 +27,7 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -87,9 +90,16 @@ def metrics_text(dialect: str, model: str, running: int) -> str:
     )
 
 
+# ``GET /stats`` keeps this many of the latest requests' times.
+STATS_KEPT = 1000
+
+
 def make_handler(model: str, metrics: str | None = None) -> type[BaseHTTPRequestHandler]:
     dimensions = dimensions_of(model)
     in_flight = [0]
+    peak = [0]
+    # [began, ended or None] of the latest requests, Unix time: tests read the engine's own concurrency.
+    timeline: deque[list[float | None]] = deque(maxlen=STATS_KEPT)
     counting = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
@@ -153,6 +163,14 @@ def make_handler(model: str, metrics: str | None = None) -> type[BaseHTTPRequest
                 self._json(200, {"status": "ok", "model": model})
             elif self.path == "/v1/models":
                 self._json(200, {"object": "list", "data": [{"id": model, "object": "model"}]})
+            elif self.path == "/stats":
+                with counting:
+                    stats = {
+                        "in_flight": in_flight[0],
+                        "peak": peak[0],
+                        "requests": [list(t) for t in timeline],
+                    }
+                self._json(200, stats)
             elif self.path == "/metrics" and metrics:
                 body = metrics_text(metrics, model, in_flight[0]).encode()
                 self.send_response(200)
@@ -164,13 +182,17 @@ def make_handler(model: str, metrics: str | None = None) -> type[BaseHTTPRequest
                 self._json(404, {"error": {"message": "not found"}})
 
         def do_POST(self) -> None:
+            times: list[float | None] = [time.time(), None]
             with counting:
                 in_flight[0] += 1
+                peak[0] = max(peak[0], in_flight[0])
+                timeline.append(times)
             try:
                 self._post()
             finally:
                 with counting:
                     in_flight[0] -= 1
+                    times[1] = time.time()
 
         def _post(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)

@@ -1,16 +1,19 @@
 """Dashboard pages: clusters with their load-balancer card, members, capabilities with their routing tiers,
-and client credentials, each with the operator's actions. Every form validates through the API's
-serializers and refuses with the API's codes (``CLUSTER_MEMBERSHIP_LOCKED`` while servers are attached)."""
+client credentials and projects' default limits, each with the operator's actions. Every form validates
+through the API's serializers and refuses with the API's codes (``CLUSTER_MEMBERSHIP_LOCKED`` while
+servers are attached)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
@@ -24,6 +27,7 @@ from apps.clusters.models import (
     ClientCredential,
     Cluster,
     ClusterMember,
+    ProjectLimits,
     RoutingTier,
     effective_limits,
     project_defaults,
@@ -162,6 +166,110 @@ def credential_limits(request: HttpRequest, pk: int) -> HttpResponse:
             request, f"Limits of {credential.name} saved; every gateway applies them within a second."
         )
     return redirect("clusters:credential-detail", pk=pk)
+
+
+LIMIT_LABELS = {
+    "requests_per_minute": "Requests per minute",
+    "tokens_per_minute": "Tokens per minute",
+    "max_concurrent": "Concurrent requests",
+    "tokens_per_day": "Tokens per day (UTC)",
+    "tokens_per_month": "Tokens per month (UTC)",
+}
+
+
+@staff_required
+def project_limits_list(request: HttpRequest) -> HttpResponse:
+    """Every project's default limits, with a form for a new project's; and the projects that credentials
+    name without defaults, each a click from a prefilled form."""
+    rows = list(ProjectLimits.objects.all())
+    credentials: dict[str, int] = {}
+    for project in (
+        ClientCredential.objects.filter(revoked_at__isnull=True)
+        .exclude(project="")
+        .values_list("project", flat=True)
+    ):
+        credentials[project] = credentials.get(project, 0) + 1
+    for row in rows:
+        row.values = [getattr(row, f) for f in LIMIT_FIELDS]  # type: ignore[attr-defined]
+        row.credentials = credentials.get(row.project, 0)  # type: ignore[attr-defined]
+    have = {row.project for row in rows}
+    context = {
+        "rows": rows,
+        "labels": [LIMIT_LABELS[f] for f in LIMIT_FIELDS],
+        "fields": [(f, LIMIT_LABELS[f]) for f in LIMIT_FIELDS],
+        "without": sorted((p, n) for p, n in credentials.items() if p not in have),
+        # ?project= (the credential page's "set them"): the new project's form, filled in.
+        "project": request.GET.get("project", "")[:63],
+        "active_nav": "project-limits",
+    }
+    return render(request, "clusters/project_limits.html", context)
+
+
+def _limits_form(request: HttpRequest) -> dict[str, Any]:
+    """The form as the API's body: the project exactly as typed (never trimmed: the serializer refuses
+    surrounding spaces by name), each limit a number or null (empty: no default)."""
+    return {
+        "project": request.POST.get("project", ""),
+        **{f: (request.POST.get(f, "").strip() or None) for f in LIMIT_FIELDS},
+    }
+
+
+@staff_required
+@require_POST
+def project_limits_create(request: HttpRequest) -> HttpResponse:
+    """A project's default limits: the same validation as ``POST /api/v1/project-limits``."""
+    from apps.clusters.api.serializers import ProjectLimitsSerializer
+
+    saved = _save(
+        request,
+        ProjectLimitsSerializer(data=_limits_form(request)),
+        "Default limits of project {0.project} saved; every gateway applies them within a second.",
+    )
+    if saved is None:
+        typed = urlencode({"project": request.POST.get("project", "")[:63]})
+        return redirect(f"{reverse('clusters:project-limits')}?{typed}")
+    return redirect("clusters:project-limits")
+
+
+@staff_required
+def project_limits_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """One project's default limits, to change or remove, with the credentials they apply to."""
+    defaults = get_object_or_404(ProjectLimits, pk=pk)
+    context = {
+        "defaults": defaults,
+        "fields": [(f, LIMIT_LABELS[f], getattr(defaults, f)) for f in LIMIT_FIELDS],
+        "credentials": ClientCredential.objects.filter(project=defaults.project, revoked_at__isnull=True),
+        "active_nav": "project-limits",
+    }
+    return render(request, "clusters/project_limits_detail.html", context)
+
+
+@staff_required
+@require_POST
+def project_limits_edit(request: HttpRequest, pk: int) -> HttpResponse:
+    """Change them: the same validation as ``PUT /api/v1/project-limits/{id}``."""
+    from apps.clusters.api.serializers import ProjectLimitsSerializer
+
+    defaults = get_object_or_404(ProjectLimits, pk=pk)
+    _save(
+        request,
+        ProjectLimitsSerializer(defaults, data=_limits_form(request)),
+        "Default limits of project {0.project} saved; every gateway applies them within a second.",
+    )
+    return redirect("clusters:project-limits-detail", pk)
+
+
+@staff_required
+@require_POST
+def project_limits_delete(request: HttpRequest, pk: int) -> HttpResponse:
+    """Remove them (``DELETE /api/v1/project-limits/{id}``): the project's credentials keep only their own."""
+    defaults = get_object_or_404(ProjectLimits, pk=pk)
+    defaults.delete()
+    messages.success(
+        request,
+        f"Default limits of project {defaults.project} removed; its credentials keep only their own limits.",
+    )
+    return redirect("clusters:project-limits")
 
 
 @staff_required

@@ -4,8 +4,9 @@ A runtime profile may set ``max_concurrent`` (apps/servers/profiles.py): the gat
 servers at most that many requests at once. A request that finds every usable candidate full waits in its
 capability's queue, at most ``MODELFORGE_GATEWAY_QUEUE_DEADLINE_S``, and is refused ``503 QUEUE_TIMEOUT``
 with ``Retry-After`` past it; a queue holding ``MODELFORGE_GATEWAY_QUEUE_MAX_WAITING`` requests refuses
-the next ``503 QUEUE_FULL``. A profile without the field costs nothing: ``limited`` is False and the
-gateway picks as before, with no queue in the way.
+the next ``503 QUEUE_FULL``; both are counted on /metrics
+(``modelforge_gateway_queue_refusals_total{capability,code}``). A profile without the field costs nothing:
+``limited`` is False and the gateway picks as before, with no queue in the way.
 
 - **Fair across credentials.** Each capability's queue keeps one sub-queue per credential and serves them
   in turn (round-robin), oldest first within each: a key with a hundred waiting cannot keep another key's
@@ -180,6 +181,7 @@ class Admission:
                     CLIENT_GONE, CLIENT_CLOSED_REQUEST, "The client closed the connection while it waited."
                 )
             waited = time.monotonic() - waiter.since
+            shared.usage.queue_refused(capability, codes.QUEUE_TIMEOUT)
             raise QueueRefusal(
                 503,
                 codes.QUEUE_TIMEOUT,
@@ -203,6 +205,7 @@ class Admission:
             "concurrency limit (MODELFORGE_GATEWAY_QUEUE_MAX_WAITING). Retry later, or add servers to the "
             "capability.",
         )
+        shared.usage.queue_refused(capability, codes.QUEUE_FULL)  # the newcomer or the one pushed out
         if len(queue.waiting[heaviest]) <= mine + 1:
             raise refusal
         pushed = queue.waiting[heaviest][-1]
@@ -275,3 +278,4 @@ async def _disconnect(receive: Any) -> None:
 
 admission = Admission()
 shared.after_flush = admission.recheck
+shared.reserved = admission.reserved  # flushed with the in-flight counts

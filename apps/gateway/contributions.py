@@ -11,7 +11,10 @@ import redis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from apps.clusters import codes
 from modelforge import metrics
+
+QUEUE_REFUSAL_CODES = (codes.QUEUE_FULL, codes.QUEUE_TIMEOUT)
 
 
 class LoadBalancerCollector(Collector):
@@ -83,10 +86,12 @@ def probe_gauge() -> GaugeMetricFamily:
 
 class ServingCollector(Collector):
     """Requests, errors, limit refusals, tokens, and histograms of time to first token and total time per
-    capability and backend, totalled in Redis by every gateway process's flush (apps/gateway/usage.py)."""
+    capability and backend, and admission's queue refusals per capability and code, totalled in Redis by
+    every gateway process's flush (apps/gateway/usage.py)."""
 
     def collect(self) -> Iterator[Any]:
-        from apps.gateway.usage import BUCKETS, SEP, TOTALS, TOTALS_KEY
+        from apps.clusters.models import Capability
+        from apps.gateway.usage import BUCKETS, QUEUE_REFUSALS, SEP, TOTALS, TOTALS_KEY
 
         try:
             raw = _redis().hgetall(TOTALS_KEY)
@@ -105,12 +110,25 @@ class ServingCollector(Collector):
             )
         }
         histograms: dict[str, dict[tuple[str, str], dict[str, int]]] = {"ttft": {}, "latency": {}}
+        # Every capability has both codes from the start, 0 until refused: an alert on increase() then
+        # sees the first refusal (a series born at 1 shows no increase).
+        refusals = dict.fromkeys(
+            (
+                (name, code)
+                for name in Capability.objects.values_list("name", flat=True)
+                for code in QUEUE_REFUSAL_CODES
+            ),
+            0,
+        )
         for key, value in raw.items():
             field = key.decode() if isinstance(key, bytes) else key
             parts = field.split(SEP)
             if len(parts) != 3:
                 continue
             capability, backend, metric = parts
+            if metric == QUEUE_REFUSALS:  # the code in the backend's place: the request reached none
+                refusals[(capability, backend)] = int(value)
+                continue
             if metric in TOTALS:
                 counters[metric].add_metric([capability, backend], int(value))
                 continue
@@ -118,6 +136,16 @@ class ServingCollector(Collector):
             if kind in histograms:
                 histograms[kind].setdefault((capability, backend), {})[metric.split("_", 1)[1]] = int(value)
         yield from counters.values()
+        refused = CounterMetricFamily(
+            "modelforge_gateway_queue_refusals",
+            "Requests refused by the gateway's admission queue: QUEUE_FULL (the queue held "
+            "MODELFORGE_GATEWAY_QUEUE_MAX_WAITING) or QUEUE_TIMEOUT (waited "
+            "MODELFORGE_GATEWAY_QUEUE_DEADLINE_S).",
+            labels=["capability", "code"],
+        )
+        for (capability, code), count in sorted(refusals.items()):
+            refused.add_metric([capability, code], count)
+        yield refused
         for kind, help_text in (
             ("ttft", "Time to first token of streamed answers, seconds."),
             ("latency", "Total time of authorised calls, seconds."),

@@ -110,6 +110,9 @@ class SharedState:
         # Web processes flushing to Redis, this one included (as of the last flush): admission's fair share.
         self.processes = 1
         self.queued: Counter[str] = Counter()  # capability -> waiting here (apps/gateway/admission.py)
+        # Slots admission has handed to a waiter that has not resumed yet (Admission.reserved): published
+        # with the in-flight counts, or a flush in that moment would show the other processes a free slot.
+        self.reserved: Counter[str] = Counter()
         self._queued_written = False
         # Called after each flush has read the other processes' counts (admission hands out what they free).
         self.after_flush: Callable[[], None] | None = None
@@ -307,7 +310,7 @@ class SharedState:
                 # This process's in-flight counts, for least-connections across processes.
                 mine = INFLIGHT_KEY.format(process=self.process_id)
                 pipe.delete(mine)
-                live: dict[Any, Any] = {k: v for k, v in self.in_flight.items() if v > 0}
+                live: dict[Any, Any] = {k: v for k, v in (self.in_flight + self.reserved).items() if v > 0}
                 for k, v in self.in_flight_tokens.items():
                     if v > 0:
                         live[TOKENS_FIELD + k] = v
@@ -480,21 +483,35 @@ def read_window(minutes: int = 5) -> Window:
 def read_queue_depths() -> dict[str, int] | None:
     """Requests waiting in the admission queues per capability, summed over the live web processes as of
     their last flush; ``None`` when Redis cannot be read."""
+    return _sum_per_process(QUEUED_KEY)
+
+
+def read_in_flight() -> dict[str, int] | None:
+    """Requests in flight per backend, summed over the live web processes as of their last flush (what
+    admission counts against a runtime profile's ``max_concurrent``); ``None`` when Redis cannot be read."""
+    found = _sum_per_process(INFLIGHT_KEY)
+    if found is None:
+        return None
+    return {k: v for k, v in found.items() if not k.startswith(TOKENS_FIELD)}
+
+
+def _sum_per_process(key: str) -> dict[str, int] | None:
+    """A per-process hash (``key`` with ``{process}``) summed field by field over the live processes."""
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
-    depths: Counter[str] = Counter()
+    totals: Counter[str] = Counter()
     try:
         live = client.zrangebyscore(PROCESSES_KEY, time.time() - PROCESS_TTL_S, "+inf")
         with client.pipeline(transaction=False) as pipe:
             for process in live:
                 named = process.decode() if isinstance(process, bytes) else process
-                pipe.hgetall(QUEUED_KEY.format(process=named))
+                pipe.hgetall(key.format(process=named))
             found = pipe.execute() if live else []
     except (redis.RedisError, OSError):
         return None
     for mapping in found:
         for k, v in (mapping or {}).items():
-            depths[k.decode() if isinstance(k, bytes) else k] += int(v)
-    return dict(depths)
+            totals[k.decode() if isinstance(k, bytes) else k] += int(v)
+    return dict(totals)
 
 
 def read_bench_and_traffic(minutes: int = 5) -> tuple[dict[str, Bench], Counter[str], Counter[str], bool]:

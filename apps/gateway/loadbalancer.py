@@ -11,9 +11,10 @@ from typing import Any
 
 from django.conf import settings
 
-from apps.clusters.models import Algorithm, Cluster, RoutingTier
-from apps.gateway.lbstate import read_window
+from apps.clusters.models import Algorithm, Capability, Cluster, RoutingTier
+from apps.gateway.lbstate import read_in_flight, read_queue_depths, read_window
 from apps.gateway.probe import read_verdicts, summary
+from apps.servers.profiles import runtime_profiles
 
 WINDOW_MINUTES = 5
 DRIFT_THRESHOLD = 0.10  # absolute difference of shares: "off by more than ~10%"
@@ -44,12 +45,18 @@ class MemberShare:
     # backend holding their prefix (its home on the ring): the cache-hit share. None otherwise.
     affinity_requests: int | None = None
     cache_hit_share: float | None = None
+    # Admission (apps/gateway/admission.py): its runtime profile's max_concurrent (None: no limit), and the
+    # requests in flight to it across the gateway processes as of their last flush (None: Redis unread).
+    max_concurrent: int | None = None
+    in_flight: int | None = None
 
 
 def cluster_report(cluster: Cluster) -> dict[str, Any]:
     window = read_window(WINDOW_MINUTES)
     benched, traffic, errors, busy = window.benched, window.traffic, window.errors, window.busy
     verdicts = read_verdicts() or {}
+    flying = read_in_flight() if window.redis_ok else None
+    profiles = runtime_profiles()
     members = list(cluster.members.select_related("server"))
     attached = [m for m in members if m.server_id is not None]
     total_weight = sum(m.weight for m in attached) or 1
@@ -136,6 +143,7 @@ def cluster_report(cluster: Cluster) -> dict[str, Any]:
         else:
             reason = ""
         affinity_requests = routed.get(key, 0) if key and affinity else None
+        profile = profiles.get(member.server.profile) if member.server is not None else None
         rows.append(
             MemberShare(
                 member=member.name,
@@ -155,6 +163,8 @@ def cluster_report(cluster: Cluster) -> dict[str, Any]:
                 cache_hit_share=(
                     round(hits.get(key, 0) / affinity_requests, 4) if key and affinity_requests else None
                 ),
+                max_concurrent=profile.max_concurrent if profile is not None else None,
+                in_flight=flying.get(key, 0) if key and flying is not None else None,
             )
         )
     all_routed = sum(routed.get(k, 0) for k in keys.values()) if affinity else 0
@@ -176,4 +186,21 @@ def cluster_report(cluster: Cluster) -> dict[str, Any]:
         ),
         "affinity_requests": all_routed if affinity else None,
         "load_cap_pct": settings.GATEWAY_AFFINITY_LOAD_CAP_PCT if affinity else None,
+        "queue": admission_queue(cluster, window.redis_ok),
+        "queue_max_waiting": settings.GATEWAY_QUEUE_MAX_WAITING,
+        "queue_deadline_s": settings.GATEWAY_QUEUE_DEADLINE_S,
     }
+
+
+def admission_queue(cluster: Cluster, redis_ok: bool) -> list[dict[str, Any]]:
+    """Each capability the cluster serves (its routing tiers', and the aliases that follow them) with the
+    requests waiting for it at the gateway now, summed over the web processes as of their last flush:
+    the same figure as the Clusters page's *Waiting* column and ``modelforge_gateway_queue_depth``.
+    ``waiting`` is None when Redis cannot be read."""
+    bound = set(RoutingTier.objects.filter(cluster=cluster).values_list("capability__name", flat=True))
+    bound |= set(Capability.objects.filter(follows__name__in=bound).values_list("name", flat=True))
+    depths = read_queue_depths() if redis_ok else None
+    return [
+        {"capability": name, "waiting": None if depths is None else depths.get(name, 0)}
+        for name in sorted(bound)
+    ]

@@ -38,6 +38,9 @@ ASK_FOR_USAGE = b'"stream_options":{"include_usage":true},'
 # be unbounded): Prometheus's counters and histograms on /metrics (apps/gateway/contributions.py).
 TOTALS_KEY = "modelforge:usage:totals"
 TOTALS = ("requests", "errors", "limited", "prompt_tokens", "completion_tokens")
+# Admission's refusals (apps/gateway/admission.py) in the same hash, "<capability>␟<code>␟queue_refusals":
+# the code (QUEUE_FULL, QUEUE_TIMEOUT) takes the backend's place, as a refused request reached none.
+QUEUE_REFUSALS = "queue_refusals"
 # Histogram buckets (seconds) of the time to first token (streams) and of the total time.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -88,6 +91,11 @@ class Meter:
         counts[prefix + "latency_ms"] += round(latency_s * 1000)
         totals[f"{total}latency_le_{_bucket(latency_s)}"] += 1
         totals[total + "latency_sum_us"] += round(latency_s * 1e6)
+
+    def queue_refused(self, capability: str, code: str) -> None:
+        """A request refused by admission (``QUEUE_FULL``, ``QUEUE_TIMEOUT``): one increment, flushed with
+        the totals to Redis, so /metrics adds up every web process's."""
+        self.totals[f"{capability}{SEP}{code}{SEP}{QUEUE_REFUSALS}"] += 1
 
     def take(self) -> tuple[Counter[str], Counter[str]]:
         counts, self.counts = self.counts, Counter()

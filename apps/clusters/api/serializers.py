@@ -173,7 +173,7 @@ class ProjectLimitsSerializer(PrintableText, serializers.ModelSerializer):
             UniqueValidator(
                 ProjectLimits.objects.all(),
                 message="This project has default limits already: change them with "
-                "PUT /api/v1/project-limits/{id}.",
+                "PUT /api/v1/project-limits/{id} (or on the dashboard's Project limits page).",
             )
         ],
         help_text="The project, as credentials name it.",
@@ -314,8 +314,27 @@ MemberShareSerializer = inline_serializer(
             help_text="Prefix affinity: the share of those that went to it as their prefix's home (the "
             "backend holding the prefix's cache); the rest were sent on past a load cap or an outage.",
         ),
+        "max_concurrent": serializers.IntegerField(
+            allow_null=True,
+            help_text="Its runtime profile's max_concurrent: requests the gateway sends it at once (the rest "
+            "wait in the admission queue); null: no limit.",
+        ),
+        "in_flight": serializers.IntegerField(
+            allow_null=True,
+            help_text="Requests in flight to it, summed over the gateway processes as of their last flush "
+            "(at most a second or two old); null while Redis cannot be read.",
+        ),
     },
 )
+
+
+class AdmissionQueueSerializer(serializers.Serializer):
+    capability = serializers.CharField(help_text="A capability the cluster serves.")
+    waiting = serializers.IntegerField(
+        allow_null=True,
+        help_text="Requests waiting at the gateway for a backend below its max_concurrent, summed over the "
+        "web processes as of their last flush; null while Redis cannot be read.",
+    )
 
 
 class LoadBalancerReportSerializer(serializers.Serializer):
@@ -338,4 +357,17 @@ class LoadBalancerReportSerializer(serializers.Serializer):
     load_cap_pct = serializers.IntegerField(
         allow_null=True,
         help_text="Prefix affinity's load cap: the % of the mean load (by weight) a backend may carry.",
+    )
+    queue = serializers.ListField(
+        child=AdmissionQueueSerializer(),
+        help_text="The admission queue of each capability the cluster serves (the routing tiers' and the "
+        "aliases following them): the same figure as modelforge_gateway_queue_depth.",
+    )
+    queue_max_waiting = serializers.IntegerField(
+        help_text="MODELFORGE_GATEWAY_QUEUE_MAX_WAITING: past this many waiting per capability in one web "
+        "process, 503 QUEUE_FULL."
+    )
+    queue_deadline_s = serializers.IntegerField(
+        help_text="MODELFORGE_GATEWAY_QUEUE_DEADLINE_S: a request waits at most this long, then 503 "
+        "QUEUE_TIMEOUT."
     )

@@ -14,6 +14,7 @@ import pytest
 from apps.clusters.bindings import Backend
 from apps.gateway.admission import Admission, QueueRefusal, fair_share
 from apps.gateway.lbstate import shared
+from apps.gateway.usage import QUEUE_REFUSALS, SEP
 from tests.fixtures import run_in_own_loop
 
 _keys = itertools.count()
@@ -71,7 +72,18 @@ class Requests:
 
 
 def run(main: Callable[[], Any]) -> None:
+    shared.usage.take()  # counts of earlier tests: each test reads only its own refusals
     run_in_own_loop(main)
+
+
+def refusals(capability: str) -> dict[str, int]:
+    """Admission's refusals of ``capability`` counted for the next flush (/metrics), per code."""
+    found = {}
+    for field, count in shared.usage.totals.items():
+        name, code, metric = field.split(SEP)
+        if name == capability and metric == QUEUE_REFUSALS:
+            found[code] = count
+    return found
 
 
 def test_the_fair_share_never_leaves_a_process_without_a_slot():
@@ -124,6 +136,8 @@ def test_a_full_queue_refuses_from_the_credential_with_the_most_waiting(settings
         await asyncio.sleep(0.01)
         assert requests.refused == {"a4": "503 QUEUE_FULL", "a3": "503 QUEUE_FULL"}
         assert admission.waiting == 3
+        # Both counted for /metrics (the newcomer refused and the waiter pushed out), with the code.
+        assert refusals("chat.a@1") == {"QUEUE_FULL": 2}
         for _ in range(3):
             await requests.end_and_next()
         await asyncio.gather(*tasks)
@@ -148,6 +162,7 @@ def test_past_the_deadline_a_waiter_is_refused_and_leaves_the_queue(settings):
             refusal = exc
         assert refusal.status == 503 and refusal.code == "QUEUE_TIMEOUT"
         assert refusal.headers == {"retry-after": "5"}
+        assert refusals("chat.a@1") == {"QUEUE_TIMEOUT": 1}
         assert "MODELFORGE_GATEWAY_QUEUE_DEADLINE_S" in refusal.message
         assert admission.waiting == 0 and not admission.wanting
         requests.end()

@@ -140,6 +140,18 @@ def depth(operator_client, capability: str) -> float | None:
     return float(found.group(1)) if found else None
 
 
+def refusals(operator_client, capability: str, code: str) -> float | None:
+    """``modelforge_gateway_queue_refusals_total`` of ``capability`` and ``code``, as /metrics has it."""
+    scraped = operator_client.get("/metrics").content.decode()
+    found = re.search(
+        rf'^modelforge_gateway_queue_refusals_total\{{capability="{re.escape(capability)}",code="{code}"\}} '
+        r"(\S+)$",
+        scraped,
+        re.M,
+    )
+    return float(found.group(1)) if found else None
+
+
 def test_a_backend_limited_to_two_serves_two_at_once_and_the_rest_wait_and_succeed(limited_web, served):
     began = time.monotonic()
     with ThreadPoolExecutor(max_workers=5) as pool:
@@ -160,6 +172,9 @@ def test_a_backend_limited_to_two_serves_two_at_once_and_the_rest_wait_and_succe
 def test_past_the_deadline_a_waiting_request_is_refused_with_a_named_code(
     limited_web, served, operator_client, client
 ):
+    timeouts = refusals(operator_client, "chat.one@1", "QUEUE_TIMEOUT")
+    assert timeouts is not None  # every capability has the series, before any refusal
+    assert refusals(operator_client, "chat.two@1", "QUEUE_FULL") is not None
     holder = threading.Thread(target=chat, args=(limited_web.url, served["a"], "chat.one@1", words(30), True))
     holder.start()  # holds the one slot for about 6 s
     time.sleep(0.3)
@@ -183,11 +198,14 @@ def test_past_the_deadline_a_waiting_request_is_refused_with_a_named_code(
     assert refused.headers["retry-after"] == "5"
     assert "MODELFORGE_GATEWAY_QUEUE_DEADLINE_S" in refused.json()["message"]
     assert DEADLINE_S - 0.2 <= elapsed <= DEADLINE_S + 1.5, elapsed
+    # Counted on /metrics once the web process has flushed (within a second).
+    assert wait_until(lambda: refusals(operator_client, "chat.one@1", "QUEUE_TIMEOUT") == timeouts + 1, 3)
     holder.join(15)
     assert chat(limited_web.url, served["b"], "chat.one@1", "x").status_code == 200
 
 
-def test_a_full_queue_refuses_and_one_key_cannot_starve_another(limited_web, served):
+def test_a_full_queue_refuses_and_one_key_cannot_starve_another(limited_web, served, operator_client):
+    full = refusals(operator_client, "chat.one@1", "QUEUE_FULL") or 0
     began = time.monotonic()
     ended: dict[str, tuple[int, str, float]] = {}
 
@@ -223,6 +241,8 @@ def test_a_full_queue_refuses_and_one_key_cannot_starve_another(limited_web, ser
     # Served in turn: a's first, then b's one request, then the rest of a's backlog.
     order = sorted(("holder", "a1", "a2", "a3", "b1"), key=lambda name: ended[name][2])
     assert order == ["holder", "a1", "b1", "a2", "a3"], ended
+    # Both QUEUE_FULL refusals (the newcomer turned away, the waiter pushed out) on /metrics.
+    assert wait_until(lambda: refusals(operator_client, "chat.one@1", "QUEUE_FULL") == full + 2, 3)
 
 
 def test_a_client_that_leaves_while_waiting_leaves_the_queue(limited_web, served, operator_client):

@@ -4,16 +4,30 @@ in the API and the dashboard. Counters are written to the real Redis the gateway
 from __future__ import annotations
 
 import json
+import re
 import time
+from dataclasses import replace
 
 import pytest
 import redis
 from django.conf import settings
 from django.contrib.auth.models import User
 
-from apps.clusters.models import Algorithm
+from apps.clusters.models import Algorithm, Capability
 from apps.clusters.tests.factories import bind, cluster_with, loopback_node, running_server
-from apps.gateway.lbstate import AFFINITY_KEY, BENCH_KEY, BUSY_KEY, ERRORS_KEY, TRAFFIC_BUCKET_S, TRAFFIC_KEY
+from apps.gateway.lbstate import (
+    AFFINITY_KEY,
+    BENCH_KEY,
+    BUSY_KEY,
+    ERRORS_KEY,
+    INFLIGHT_KEY,
+    PROCESSES_KEY,
+    QUEUED_KEY,
+    TRAFFIC_BUCKET_S,
+    TRAFFIC_KEY,
+)
+from apps.servers import profiles
+from apps.servers.profiles import runtime_profiles
 
 pytestmark = pytest.mark.django_db
 
@@ -174,3 +188,53 @@ def test_each_of_the_three_reasons_is_shown_when_it_applies(client, operator_cli
     assert 'class="badge badge-warning reason-badge">erroring</span>' in page
     assert 'class="badge badge-warning reason-badge">at capacity</span>' in page
     assert 'class="badge reason-badge">parked</span>' in page
+
+
+def test_the_card_shows_the_admission_queue_and_each_limited_backends_in_flight(
+    client, operator_client, store, trio, monkeypatch
+):
+    redis_client, _ = store
+    cluster, a, b, _ = trio
+    # a's runtime profile sets max_concurrent 2; b's and c's (test-echo) set none.
+    limited = replace(runtime_profiles()["test-echo"], name="test-echo-limited", max_concurrent=2)
+    monkeypatch.setattr(profiles, "_installed", {**runtime_profiles(), "test-echo-limited": limited})
+    a.profile = "test-echo-limited"
+    a.save(update_fields=["profile"])
+    Capability.objects.create(name="chat.alias@1", follows=Capability.objects.get(name="chat.general@1"))
+    # Two gateway processes as their flush leaves them: in flight per backend, waiting per capability.
+    processes = ["card-test:1", "card-test:2"]
+    keys = [k.format(process=p) for p in processes for k in (INFLIGHT_KEY, QUEUED_KEY)]
+    redis_client.zadd(PROCESSES_KEY, {p: time.time() for p in processes})
+    redis_client.hset(INFLIGHT_KEY.format(process=processes[0]), mapping={str(a.pk): 1, f"t:{a.pk}": 900})
+    redis_client.hset(INFLIGHT_KEY.format(process=processes[1]), mapping={str(a.pk): 1, str(b.pk): 3})
+    redis_client.hset(QUEUED_KEY.format(process=processes[0]), mapping={"chat.general@1": 2})
+    redis_client.hset(QUEUED_KEY.format(process=processes[1]), mapping={"chat.general@1": 1})
+    try:
+        rows = report(operator_client, cluster)
+        assert rows["_"]["queue"] == [
+            {"capability": "chat.alias@1", "waiting": 0},
+            {"capability": "chat.general@1", "waiting": 3},
+        ]
+        assert rows["_"]["queue_max_waiting"] == settings.GATEWAY_QUEUE_MAX_WAITING
+        assert rows["_"]["queue_deadline_s"] == settings.GATEWAY_QUEUE_DEADLINE_S
+        # Summed over both processes; the estimated tokens (t:) are not requests.
+        assert (rows["a"]["max_concurrent"], rows["a"]["in_flight"]) == (2, 2)
+        assert (rows["b"]["max_concurrent"], rows["b"]["in_flight"]) == (None, 3)
+        assert (rows["c"]["max_concurrent"], rows["c"]["in_flight"]) == (None, 0)
+        client.force_login(User.objects.create_user("ops", is_staff=True))
+        page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+        queue = page.split('id="admission-queue">')[1].split("</p>")[0]
+        assert "<code>chat.general@1</code>" in queue and "3 waiting" in queue
+        assert "<code>chat.alias@1</code>" in queue and "none waiting" in queue
+        assert "503 QUEUE_TIMEOUT" in queue and "503 QUEUE_FULL" in queue
+        cells = re.findall(r'<td class="in-flight">(.*?)</td>', page, re.S)
+        assert cells[0].startswith("2 of 2") and "at limit" in cells[0]
+        assert cells[1].startswith("3") and "no limit" in cells[1] and "at limit" not in cells[1]
+        # Redis away: not known, rather than zero.
+        monkeypatch.setattr(settings, "CELERY_BROKER_URL", "redis://127.0.0.1:1/0")
+        rows = report(operator_client, cluster)
+        assert rows["_"]["queue"][1] == {"capability": "chat.general@1", "waiting": None}
+        assert rows["a"]["in_flight"] is None and rows["a"]["max_concurrent"] == 2
+    finally:
+        redis_client.delete(*keys)
+        redis_client.zrem(PROCESSES_KEY, *processes)

@@ -12,7 +12,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from apps.gateway.lbstate import BENCH_KEY, SharedState, read_queue_depths
+from apps.gateway.lbstate import BENCH_KEY, SharedState, read_in_flight, read_queue_depths
 
 
 @pytest.fixture
@@ -48,6 +48,25 @@ def test_in_flight_counts_are_seen_by_every_process(clean_redis):
     assert second.in_flight_estimate("b1") == 7  # least-connections in process 2 sees process 1's load
     second.in_flight["b1"] = 2
     assert second.in_flight_estimate("b1") == 9
+
+
+def test_a_slot_handed_to_a_waiter_is_published_as_in_flight(clean_redis):
+    # Regression: a flush between a release handing its slot on and the waiter resuming showed the other
+    # processes a free slot (it was in admission's reserved, not yet in flight).
+    first, second = two_processes()
+    first.in_flight["b1"], first.reserved["b1"] = 1, 1
+    first.in_flight_tokens["b1"] = 300
+    seen: list[dict[str, int] | None] = []
+
+    async def flush_both() -> None:
+        await first.flush()
+        await second.flush()
+        seen.append(read_in_flight())
+
+    run(flush_both)
+    assert second.others_in_flight["b1"] == 2 and second.in_flight_estimate("b1") == 2
+    assert seen[0] is not None and seen[0]["b1"] == 2  # the card's figure; the tokens are not requests
+    clean_redis.delete("modelforge:lb:inflight:host:1", "modelforge:lb:inflight:host:2")
 
 
 def test_queue_depths_are_summed_over_the_processes_and_cleared_when_the_queues_empty(clean_redis):
