@@ -39,7 +39,7 @@ from common import (
     PYTHON,
     demo_gguf,
     free_port,
-    route_to_one_backend,
+    route_to_backends,
     start_llama_server,
     start_web,
     throwaway_stack,
@@ -149,7 +149,11 @@ def main() -> int:
             gguf = demo_gguf(workdir / "models")
             name = f"llama.cpp ({gguf.name}, 1 thread)"
             health = f"http://127.0.0.1:{engine_port}/v1/models"
-        route_to_one_backend("127.0.0.1", engine_port)
+        # The engine's own runtime profile: what it serves (/v1/completions for llama.cpp) and the path the
+        # gateway's probe asks (apps/gateway/probe.py).
+        route_to_backends(
+            "127.0.0.1", {"bench": engine_port}, profile="test-echo" if chat else "llamacpp-gguf"
+        )
         _, key = ClientCredential.objects.mint(name="bench", scopes=[CAPABILITY])
         try:
             if chat:
