@@ -91,6 +91,10 @@ def test_the_probe_marks_a_frozen_backend_down_for_every_process_and_up_again(pa
         seen["second_back"] = second.probes.healthy
 
     run_in_own_loop(drill)
+    # Only this test's two backends are judged: the shared hash may also hold a fresh verdict another
+    # test's web process wrote about its own backend just before it stopped (seen in a fresh-clone CI).
+    for name in ("second_before", "first_down", "second_down", "second_back"):
+        seen[name] = seen[name] & {"p-steady", "p-frozen"}  # type: ignore[operator]
     assert seen["second_before"] == {"p-steady", "p-frozen"}
     assert seen["first_down"] == {"p-steady"}
     assert "no answer within 0.3 s" in str(seen["why"])
