@@ -223,6 +223,7 @@ def test_the_card_shows_the_admission_queue_and_each_limited_backends_in_flight(
         assert (rows["c"]["max_concurrent"], rows["c"]["in_flight"]) == (None, 0)
         client.force_login(User.objects.create_user("ops", is_staff=True))
         page = client.get(f"/clusters/{cluster.pk}/").content.decode()
+        assert page.count('id="admission-queue"') == 1  # on the load-balancer card, once
         queue = page.split('id="admission-queue">')[1].split("</p>")[0]
         assert "<code>chat.general@1</code>" in queue and "3 waiting" in queue
         assert "<code>chat.alias@1</code>" in queue and "none waiting" in queue
