@@ -7,12 +7,12 @@ import os
 import signal
 import time
 
-import httpx
 import pytest
 from django.contrib.auth.models import User
 
 from apps.clusters.models import ClientCredential
 from apps.clusters.tests.factories import bind, echo_backend, loopback_node, running_server
+from apps.gateway.tests.test_admission_http import chat
 from apps.gateway.tests.test_usage import counted
 from apps.observability.sampling import roll_up_usage
 from tests.fixtures import ARTIFACTS, clear_usage, log_in, wait_until
@@ -34,12 +34,7 @@ def test_an_operator_limits_a_credential_and_reads_its_usage(live_web, browser, 
         User.objects.create_superuser("ops", email="", password="correct-horse-battery-9")
 
         def call() -> int:
-            return httpx.post(
-                live_web.url + "/v1/chat/completions",
-                json={"model": "chat.echo@1", "messages": [{"role": "user", "content": "hi"}]},
-                headers={"Authorization": f"Bearer {key}"},
-                timeout=10,
-            ).status_code
+            return chat(live_web.url, key, "chat.echo@1", "hi", timeout=10).status_code
 
         page = browser.new_page()
         try:

@@ -9,12 +9,12 @@ import os
 import signal
 import time
 
-import httpx
 import pytest
 from django.contrib.auth.models import User
 
 from apps.clusters.models import ClientCredential, ProjectLimits
 from apps.clusters.tests.factories import bind, echo_backend, loopback_node, running_server
+from apps.gateway.tests.test_admission_http import chat
 from tests.fixtures import ARTIFACTS, log_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.stack, pytest.mark.django_db(transaction=True)]
@@ -28,12 +28,7 @@ def test_an_operator_sets_changes_and_removes_a_projects_default_limits(live_web
         User.objects.create_superuser("ops", email="", password="correct-horse-battery-9")
 
         def call() -> int:
-            return httpx.post(
-                live_web.url + "/v1/chat/completions",
-                json={"model": "chat.echo@1", "messages": [{"role": "user", "content": "hi"}]},
-                headers={"Authorization": f"Bearer {key}"},
-                timeout=10,
-            ).status_code
+            return chat(live_web.url, key, "chat.echo@1", "hi", timeout=10).status_code
 
         page = browser.new_page()
         try:
