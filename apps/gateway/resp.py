@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -84,7 +85,7 @@ class _Protocol(asyncio.Protocol):
         # A waiter per command sent, in order; None: a reply nobody waits for (``LeanRedis.fire``).
         self.pending: collections.deque[asyncio.Future[Any] | None] = collections.deque()
         self.sent_at: collections.deque[float] = collections.deque()
-        self.out: list[bytes] = []
+        self.out: list[bytes | Callable[[], bytes]] = []  # a callable: built as it leaves
         self.scheduled = False  # a flush at the end of this turn
         self.delayed: asyncio.TimerHandle | None = None  # a flush in a moment (``send``'s ``within``)
         self.watchdog: asyncio.TimerHandle | None = None
@@ -113,6 +114,18 @@ class _Protocol(asyncio.Protocol):
         if self.watchdog is None:
             self.watchdog = self.loop.call_at(now + self.timeout, self._watch)
 
+    def send_built(self, build: Callable[[], bytes], waiter: asyncio.Future[Any]) -> None:
+        """Queue one command whose bytes ``build`` makes as it leaves, at the end of the loop's turn:
+        what the rest of the turn adds to it goes too (apps/gateway/limits.py's batch of admissions)."""
+        self.pending.append(waiter)
+        self.sent_at.append(self.loop.time())
+        self.out.append(build)
+        if not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self._flush)
+        if self.watchdog is None:
+            self.watchdog = self.loop.call_at(self.loop.time() + self.timeout, self._watch)
+
     def _flush_delayed(self) -> None:
         self.delayed = None
         self._flush()
@@ -125,8 +138,9 @@ class _Protocol(asyncio.Protocol):
         if not self.out or self.lost or self.transport is None:
             self.out.clear()
             return
-        data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
+        out = [part if isinstance(part, bytes) else part() for part in self.out]
         self.out.clear()
+        data = out[0] if len(out) == 1 else b"".join(out)
         self.transport.write(data)
 
     def _watch(self) -> None:
