@@ -528,6 +528,11 @@ class EventRenamer:
     def __init__(self, named: bytes, strip_usage: bool = False) -> None:
         self.named, self.held, self.strip_usage = named, b"", strip_usage
         self.usage: tuple[int, int] | None = None
+        # The backend's own ``"model"`` field as its first event spelled it: an engine names its model the
+        # same way in every event, so later lines are renamed by a plain replace (a third of the regular
+        # expression's cost per read) when that field accounts for every ``"model"`` key in them.
+        self.field: bytes | None = None
+        self.replacement = b'"model":' + named
 
     def feed(self, chunk: bytes) -> bytes:
         data = self.held + chunk if self.held else chunk
@@ -547,6 +552,14 @@ class EventRenamer:
     def _pass(self, lines: bytes) -> bytes:
         if b'"usage"' in lines:
             lines = self._take_usage(lines)
+        field = self.field
+        if field is not None:
+            # Outside a JSON string `"model"` is a key (inside one its quotes are escaped): when every such
+            # key is the field already seen, replacing the field renames them all.
+            if lines.count(b'"model"') == lines.count(field):
+                return lines.replace(field, self.replacement)
+        elif b'"model"' in lines and (found := _MODEL_FIELD.search(lines)) is not None:
+            self.field = found.group(0)
         return renamed(lines, self.named)
 
     def _take_usage(self, lines: bytes) -> bytes:

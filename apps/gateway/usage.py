@@ -15,6 +15,7 @@ it passes on. An engine that reports no usage is counted in ``unmetered``, never
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections import Counter
 from typing import Any
@@ -33,6 +34,7 @@ METRICS = (
     "ttft_count",
     "latency_ms",
 )
+_DECODER = json.JSONDecoder()
 ASK_FOR_USAGE = b'"stream_options":{"include_usage":true},'
 # Totals since the first flush, per capability and backend (no credential: a label per credential would
 # be unbounded): Prometheus's counters and histograms on /metrics (apps/gateway/contributions.py).
@@ -43,6 +45,7 @@ TOTALS = ("requests", "errors", "limited", "prompt_tokens", "completion_tokens")
 QUEUE_REFUSALS = "queue_refusals"
 # Histogram buckets (seconds) of the time to first token (streams) and of the total time.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BUCKET_LABELS = (*(str(bound) for bound in BUCKETS), "inf")
 
 
 class Meter:
@@ -110,10 +113,7 @@ class Meter:
 
 def _bucket(seconds: float) -> str:
     """The histogram bucket a time falls in: its upper bound, or ``inf``."""
-    for bound in BUCKETS:
-        if seconds <= bound:
-            return str(bound)
-    return "inf"
+    return BUCKET_LABELS[bisect.bisect_left(BUCKETS, seconds)]
 
 
 def tokens_per_credential(counts: Counter[str]) -> Counter[str]:
@@ -141,7 +141,7 @@ def usage_in(body: bytes) -> tuple[int, int] | None:
     if start < 0 or body[at + 7 : start].strip(b" \t\r\n:"):  # "usage": null, or not an object
         return None
     try:
-        usage, _ = json.JSONDecoder().raw_decode(body[start:].decode("utf-8", "replace"))
+        usage, _ = _DECODER.raw_decode(body[start:].decode("utf-8", "replace"))
     except ValueError:
         return None
     return _tokens(usage)

@@ -100,6 +100,24 @@ def test_an_endpoint_the_engine_does_not_serve_is_refused_before_any_backend(liv
         sdk(live_web, "mfc_" + "y" * 43).completions.create(model="chat.echo@1", prompt="x")
 
 
+def test_events_that_name_one_model_are_renamed_by_the_field_first_seen_and_any_other_still_is():
+    named = b'"chat.echo@1"'
+    same = b'data: {"model":"gemma","choices":[{"delta":{"content":"w"}}]}\n\n'
+    lookalike = b'data: {"model":"gemma","choices":[{"delta":{"content":"\\"model\\":\\"gemma\\""}}]}\n\n'
+    other = b'data: {"model":"other","choices":[],"usage":null}\n\n'
+    both = b'data: {"model":"gemma","x":{"model":"other"}}\n\n'
+    stream = same * 3 + lookalike + other + both + same + b"data: [DONE]\n\n"
+    expected = stream.replace(b'"model":"gemma"', b'"model":' + named).replace(
+        b'"model":"other"', b'"model":' + named
+    )
+    for size in (1, 5, 64, len(stream)):
+        events = EventRenamer(named)
+        out = b"".join(events.feed(stream[i : i + size]) for i in range(0, len(stream), size)) + events.rest()
+        assert out == expected, size
+        assert events.field == b'"model":"gemma"'  # learnt from the first event, used for the others
+    assert b'\\"model\\":\\"gemma\\"' in expected  # the look-alike inside a string is left alone
+
+
 def test_the_model_field_is_renamed_in_json_and_in_events_cut_anywhere():
     named = b'"chat.echo@1"'
     assert renamed(b'{"id":"x","model": "/models/gemma.gguf","data":[1]}', named) == (
