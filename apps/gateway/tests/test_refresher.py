@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -131,6 +132,7 @@ def test_a_request_touches_neither_redis_nor_the_database_once_a_table_exists(ro
     bind("rag.embedding@1", server=running_server(loopback_node(), "echo-a", echo))
     key = credential(["rag.embedding@1"])
     seen: dict[str, int] = {}
+    version = redis.Redis.from_url(settings.CELERY_BROKER_URL).get(VERSION_KEY)
 
     async def quiet_background() -> None:
         # The first request built the table (and started the refresher and the flusher): stop both, so
@@ -141,9 +143,12 @@ def test_a_request_touches_neither_redis_nor_the_database_once_a_table_exists(ro
 
     statuses = serve(key, 21, between=quiet_background)
     assert statuses == [200] * 21
-    assert router.rebuilds == 1  # built once, by the first request
     assert counted["redis"] - seen["redis"] == 0
     assert counted["sql"] - seen["sql"] == 0
+    # Built once, by the first request; and once more by the refresher only if another process moved the
+    # routing version meanwhile (the suite's shared Redis: CI, 2026-12-02).
+    moved = redis.Redis.from_url(settings.CELERY_BROKER_URL).get(VERSION_KEY) != version
+    assert router.rebuilds == 1 or (moved and router.rebuilds == 2), (router.rebuilds, moved)
 
 
 def test_the_first_request_builds_the_table_and_starts_the_refresher(router, echo):
@@ -211,11 +216,50 @@ def test_with_the_database_away_the_last_table_stays(router, monkeypatch, caplog
     def away() -> None:
         raise psycopg.OperationalError("connection refused")
 
+    monkeypatch.setattr(routing, "inputs", away)
     monkeypatch.setattr(routing, "build_table", away)
     monkeypatch.setattr(routing, "REBUILD_AT_LEAST_EVERY_S", 0.0)
     assert router.refresh() is table
     assert router.current() is table and digest(key) in table.grants
     assert any("serving the last one" in r.getMessage() for r in caplog.records)
+
+
+def test_an_old_table_is_rebuilt_only_when_what_it_is_built_from_changed(router, echo, monkeypatch):
+    """Every few seconds the table's inputs are read (short statements), not the table rebuilt: unchanged,
+    it stays. A row changed without a signal (no version moves) and a node that went silent are both
+    seen; so is a node's new address."""
+    from apps.nodes.models import Node
+
+    monkeypatch.setattr(routing, "REBUILD_AT_LEAST_EVERY_S", 0.0)
+    # A version key of its own: the suite's other processes move the shared one (CI, 2026-12-02), and this
+    # test is about what the table is built from, not the version.
+    monkeypatch.setattr(routing, "VERSION_KEY", f"modelforge:test:routing-version:{os.getpid()}")
+    node = loopback_node()
+    bind("rag.embedding@1", server=running_server(node, "echo-a", echo))
+    key = credential(["rag.embedding@1"])
+    table = router.refresh()
+
+    def settled() -> bool:  # nothing the binding set going still writes to the rows read
+        nonlocal table
+        latest, table = table, router.refresh()
+        return latest is table
+
+    assert wait_until(settled, 10)
+    unchanged = router.unchanged
+    for _ in range(3):
+        assert router.refresh() is table
+    assert router.unchanged == unchanged + 3
+    ClientCredential.objects.filter(secret_hash=digest(key)).update(revoked_at=timezone.now())
+    revoked = router.refresh()
+    assert revoked is not table and revoked.grants[digest(key)].revoked
+    Node.objects.filter(pk=node.pk).update(agent_url="http://127.0.0.2:9000")
+    moved = router.refresh()
+    assert moved is not revoked
+    assert moved.bindings["rag.embedding@1"][0].backends[0].url.startswith("http://127.0.0.2:")
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    silent = router.refresh()
+    assert silent is not moved and router.candidates_in(silent, "rag.embedding@1", "")[0] == []
+    assert router.refresh() is silent
 
 
 # Regression (CI of issue 17): a consumer minted its credential and called at once; the refresher had not
