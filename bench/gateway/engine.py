@@ -15,7 +15,13 @@ the low rate of LLM traffic, where a cost that a busy gateway amortises shows. F
 time to the first token (the first chunk with text) and to the end of the stream. Printed per series:
 the medians, and the paired difference (gateway minus direct, pair by pair) as its median with a 95 %
 bootstrap percentile interval (10,000 resamples of the pairs) and its mean with a 95 % t-interval; also
-the gateway's CPU per request (from /proc, idle time included) and the largest added time to first token.
+the gateway's CPU per request (from /proc, idle time included) and the largest and smallest added time
+to first token.
+
+Beside each pair, unless ``--no-control``, a third request goes direct again (after the same quiet):
+the control, direct minus direct, pair by pair, printed the same way. It is the engine's own variation
+from one request to the next, with nothing between; the gateway's pairs can be read against it (an
+added time that the control shows as often and as large is the engine's, not the gateway's).
 
 ``--engine fake`` puts run.py's backend (backend.py: 20 fixed chunks, streamed chat) in llama.cpp's place:
 the same pairs without the engine's own variation, for a quick look at what the gateway adds.
@@ -100,20 +106,37 @@ def summarise(label: str, direct: list[float], gateway: list[float]) -> str:
 
 
 def series(
-    direct_client, gateway_client, pairs: int, interval: float, max_tokens: int, gateway_pid: int, chat: bool
+    direct_client,
+    gateway_client,
+    pairs: int,
+    interval: float,
+    max_tokens: int,
+    gateway_pid: int,
+    chat: bool,
+    control: bool,
 ):
-    """``pairs`` interleaved (direct, gateway) requests, ``interval`` seconds of quiet before each."""
-    results: dict[str, list[tuple[float, float, int]]] = {"direct": [], "gateway": []}
+    """``pairs`` interleaved (direct, gateway[, direct again]) requests, ``interval`` seconds of quiet before
+    each. The gateway's CPU per gateway request counts the whole series' time, the control's included."""
+    results: dict[str, list[tuple[float, float, int]]] = {"direct": [], "gateway": [], "control": []}
+    targets = [("direct", direct_client, "gemma"), ("gateway", gateway_client, CAPABILITY)]
+    if control:
+        targets.append(("control", direct_client, "gemma"))
     cpu_before = cpu_seconds(group_pids(gateway_pid))
     for _ in range(pairs):
-        for target, client, model in (
-            ("direct", direct_client, "gemma"),
-            ("gateway", gateway_client, CAPABILITY),
-        ):
+        for target, client, model in targets:
             time.sleep(interval)
             results[target].append(one_request(client, model, max_tokens, chat))
     cpu = cpu_seconds(group_pids(gateway_pid)) - cpu_before
     return results, cpu / pairs * 1e6
+
+
+def extremes(label: str, direct: list[float], other: list[float]) -> str:
+    added = [o - d for d, o in zip(direct, other, strict=True)]
+    over = sum(1 for a in added if a > 2.0)
+    return (
+        f"{label}: largest {max(added):+.1f} ms, smallest {min(added):+.1f} ms, "
+        f"over +2 ms in {over} of {len(added)}"
+    )
 
 
 def main() -> int:
@@ -127,6 +150,12 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=5, help="unmeasured requests per target first (5)")
     parser.add_argument("--engine", choices=("llamacpp", "fake"), default="llamacpp")
+    parser.add_argument(
+        "--no-control",
+        dest="control",
+        action="store_false",
+        help="no third request direct again per pair (the engine's own variation, direct minus direct)",
+    )
     args = parser.parse_args()
     try:
         from openai import OpenAI
@@ -192,19 +221,22 @@ def main() -> int:
             notes = []
             for pairs in (int(p) for p in args.pairs.split(",")):
                 results, cpu_us = series(
-                    direct, through, pairs, args.interval, args.max_tokens, gateway.pid, chat
+                    direct, through, pairs, args.interval, args.max_tokens, gateway.pid, chat, args.control
                 )
-                d, g = results["direct"], results["gateway"]
-                print(summarise(f"{pairs} pairs, first token", [r[0] for r in d], [r[0] for r in g]))
+                d, g, c = results["direct"], results["gateway"], results["control"]
+                first, control = [r[0] for r in d], [r[0] for r in c]
+                print(summarise(f"{pairs} pairs, first token", first, [r[0] for r in g]))
                 print(summarise(f"{pairs} pairs, total", [r[1] for r in d], [r[1] for r in g]))
-                added = [gt[0] - dt[0] for dt, gt in zip(d, g, strict=True)]
-                worst, over = max(added), sum(1 for a in added if a > 2.0)
-                tokens = [r[2] for r in d + g]
+                if c:
+                    print(summarise(f"{pairs} controls, first token", first, control))
+                tokens = [r[2] for r in d + g + c]
                 notes.append(
                     f"{pairs} pairs: tokens per answer {min(tokens)}-{max(tokens)}; "
-                    f"gateway CPU {cpu_us:,.0f} µs per request; largest added time to first token "
-                    f"{worst:+.1f} ms; pairs adding over 2 ms to it: {over} of {pairs}"
+                    f"gateway CPU {cpu_us:,.0f} µs per gateway request (idle time included)"
                 )
+                notes.append("  " + extremes("gateway minus direct, first token", first, [r[0] for r in g]))
+                if c:
+                    notes.append("  " + extremes("control: direct minus direct, first token", first, control))
             print()
             print("\n".join(notes))
         finally:

@@ -7,7 +7,8 @@ running model server in a cluster serving rag.embedding@1 and chat.general@1, a 
 the web application under gunicorn (1 uvicorn worker). Backend and gateway are pinned to core 0, wrk
 to core 1, so "gateway" rows are backend + gateway sharing one core. For each workload and connection
 count: requests/s, p50/p99 latency (wrk; for streams, to the last chunk), the gateway's own CPU per
-request (from /proc), and the time to the first streamed chunk (a separate sequential client).
+request (from /proc), the Redis server's CPU per request (the limit script runs there; it shares the
+machine's two cores), and the time to the first streamed chunk (a separate sequential client).
 """
 
 from __future__ import annotations
@@ -119,17 +120,29 @@ def main() -> int:
         help="sample the gateway worker with py-spy during the first gateway row (collapsed stacks to PATH)",
     )
     parser.add_argument(
+        "--profile-limits",
+        action="store_true",
+        help="with --profile and --limits: sample the first row with limits instead",
+    )
+    parser.add_argument(
         "--limits",
         action="store_true",
         help="add a row per workload for a credential with limits (set high: every call runs the limit "
         "script, none is refused), in the same run as the rows without",
     )
+    parser.add_argument(
+        "--redis-commands",
+        action="store_true",
+        help="print how many of each Redis command the run made (EVALSHA: the limit script's calls)",
+    )
     args = parser.parse_args()
     conns = [int(c) for c in args.conns.split(",")]
     workloads = args.workloads.split(",")
     processes: list[subprocess.Popen[bytes]] = []
-    with throwaway_stack() as (_workdir, env):
+    with throwaway_stack() as (workdir, env):
         from apps.clusters.models import ClientCredential
+
+        redis_pid = int((workdir / "home" / "redis" / "redis.pid").read_text().strip())
 
         backend_port, gateway_port = free_port(), free_port()
         route_to_one_backend("127.0.0.1", backend_port)
@@ -189,8 +202,10 @@ def main() -> int:
                         targets.append(("gateway+limits", through, limited_key))
                     for target, base, auth in targets:
                         before = cpu_seconds(group_pids(gateway.pid))
+                        redis_before = cpu_seconds([redis_pid])
                         sampler = None
-                        if args.profile and target == "gateway" and not rows:
+                        profiled = "gateway+limits" if args.profile_limits else "gateway"
+                        if args.profile and target == profiled and not rows:
                             worker = max(set(group_pids(gateway.pid)) - {gateway.pid})
                             sampling = ["--format", "raw", "--nonblocking", "--rate", "500"]
                             sampling += ["--duration", str(args.seconds), "-o", args.profile]
@@ -202,11 +217,11 @@ def main() -> int:
                         if sampler is not None:
                             sampler.wait(30)
                         used = cpu_seconds(group_pids(gateway.pid)) - before
-                        result[target] = (measured, used)
+                        result[target] = (measured, used, cpu_seconds([redis_pid]) - redis_before)
                     d = result["direct"][0]
                     rps_d = d["requests"] / d["seconds"]
                     for target in [t for t, _, _ in targets if t != "direct"]:
-                        g, g_cpu = result[target]
+                        g, g_cpu, redis_cpu = result[target]
                         rows.append(
                             (
                                 workload if target == "gateway" else f"{workload} (limits)",
@@ -218,18 +233,27 @@ def main() -> int:
                                 d["p99_us"],
                                 g["p99_us"],
                                 g_cpu / max(g["requests"], 1) * 1e6,
+                                redis_cpu / max(g["requests"], 1) * 1e6,
                                 d["errors"] + g["errors"],
                             )
                         )
+            if args.redis_commands:
+                import redis
+                from django.conf import settings
+
+                stats = redis.Redis.from_url(settings.CELERY_BROKER_URL).info("commandstats")
+                calls = {name.removeprefix("cmdstat_"): v["calls"] for name, v in stats.items()}
+                print("Redis commands in the run (with the script's own):", dict(sorted(calls.items())))
             print(
                 "| workload | conns | direct rps | gateway rps | direct p50 | gateway p50 | added p50 | "
-                "gateway p99 | gateway CPU/req | errors |"
+                "gateway p99 | gateway CPU/req | Redis CPU/req | errors |"
             )
-            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-            for w, n, rd, rg, pd, pg, _qd, qg, cpu, errs in rows:
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+            for w, n, rd, rg, pd, pg, _qd, qg, cpu, rcpu, errs in rows:
                 print(
                     f"| {w} | {n} | {rd:,.0f} | {rg:,.0f} | {pd / 1000:.2f} ms | {pg / 1000:.2f} ms | "
-                    f"{(pg - pd) / 1000:+.2f} ms | {qg / 1000:.2f} ms | {cpu:,.0f} µs | {errs} |"
+                    f"{(pg - pd) / 1000:+.2f} ms | {qg / 1000:.2f} ms | {cpu:,.0f} µs | {rcpu:,.0f} µs | "
+                    f"{errs} |"
                 )
             if "stream" in workloads:
                 path, body = BODIES["stream"]
