@@ -124,7 +124,11 @@ def test_two_beats_one_leads_the_standby_takes_over_and_no_period_is_sent_twice(
         timeline = sorted(first_sends + second_sends)
         gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(timeline)]
         assert min(gaps) >= PERIOD_S * 0.9 - 0.05, (gaps, timeline)
-        assert queued(client, DRILL_TASK) == len(timeline)
+        # Beat logs a send before it publishes it: killed in between, the leader's last logged send never
+        # reached the queue (and its period is not sent again: the standby skips a claimed period). Every
+        # other send is exactly one message, and no message is there that no beat logged.
+        in_queue = queued(client, DRILL_TASK)
+        assert in_queue in (len(timeline), len(timeline) - 1), (in_queue, timeline)
         print(f"takeover {takeover_s:.2f} s after SIGKILL; sends {len(timeline)}, gaps {gaps}")
     finally:
         kill(first)

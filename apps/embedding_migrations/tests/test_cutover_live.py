@@ -121,10 +121,13 @@ def test_a_cutover_reindexes_through_the_gateway_and_swaps_with_no_failed_or_wro
         assert wait_until(lambda: stage(pk) in ("completed", "failed"), 30)
         assert stage(pk) == "completed"
         assert fleet.adapter.read_alias_target("kb") == done.target_index
+        # A query counts when it is sent and its space when it is answered: one in flight at this moment
+        # may be counted in both snapshots' ways, so the later queries are measured from both.
         after_cut = consumer.queries
-        assert wait_until(lambda: consumer.spaces_seen.get(target.key, 0) > 20, 30)
+        target_at_cut = consumer.spaces_seen.get(target.key, 0)
+        assert wait_until(lambda: consumer.spaces_seen.get(target.key, 0) > target_at_cut + 20, 30)
 
-    assert consumer.queries > after_cut + 20
+    assert consumer.queries >= after_cut + 20
     assert consumer.failed == [] and consumer.wrong_space == []
     assert set(consumer.spaces_seen) == {source.key, target.key}
     alias.refresh_from_db()
