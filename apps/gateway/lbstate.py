@@ -46,6 +46,9 @@ TRAFFIC_BUCKET_S = 60
 BENCH_KEY = "modelforge:lb:bench"  # hash backend -> json {since, until, reason, count}
 HISTORY_KEY = "modelforge:lb:history:{key}"  # sorted set of bench times, for churn
 FAILS_KEY = "modelforge:lb:fails:{key}"
+# Set (NX) by the one process that benches a backend, for the shortest bench: failures arriving together
+# in several processes all see the run reach the limit, and only the first benches.
+BENCHING_KEY = "modelforge:lb:benching:{key}"
 TRAFFIC_KEY = "modelforge:lb:traffic:{bucket}"  # hash backend -> requests
 ERRORS_KEY = "modelforge:lb:errors:{bucket}"  # hash backend -> failed requests
 # hash backend -> answers 429 / 503: the backend is at capacity (seeds: a reason for drift). A 503 also
@@ -93,6 +96,7 @@ class SharedState:
         self._busy: Counter[str] = Counter()
         self.usage = Meter()
         self._local_fails: Counter[str] = Counter()
+        self._benching: set[str] = set()  # being benched by this process (between its awaits)
         self._local_history: dict[str, list[float]] = {}
         self.process_id = f"{socket.gethostname()}:{os.getpid()}"
         self.in_flight: Counter[str] = Counter()
@@ -219,9 +223,31 @@ class SharedState:
         except (redis.RedisError, OSError) as exc:
             self._redis_failed(exc)
             fails = self._local_fails[key]
-        if fails < settings.LB_CONSECUTIVE_FAILURES or self.is_benched(key, now):
+        if fails < settings.LB_CONSECUTIVE_FAILURES or self.is_benched(key, now) or key in self._benching:
             return
-        await self._bench(key, name, reason, now, candidates)
+        # Failures arriving together (a burst to a backend just killed) each see the run at the limit
+        # before the first bench is recorded: only one of them benches.
+        self._benching.add(key)
+        try:
+            if await self._claim_bench(key):
+                await self._bench(key, name, reason, now, candidates)
+        finally:
+            self._benching.discard(key)
+
+    async def _claim_bench(self, key: str) -> bool:
+        """True for the one process to bench ``key`` now; another that claimed it first publishes its
+        bench, read here at the next flush. Without Redis each process benches on its own."""
+        try:
+            claimed = await self.client.set(
+                BENCHING_KEY.format(key=key),
+                self.process_id,
+                nx=True,
+                px=int(settings.LB_BASE_BENCH_S * 1000),
+            )
+        except (redis.RedisError, OSError) as exc:
+            self._redis_failed(exc)
+            return True
+        return bool(claimed)
 
     async def _bench(self, key: str, name: str, reason: str, now: float, candidates: list[Any]) -> None:
         history = [t for t in self._local_history.get(key, []) if t > now - settings.LB_CHURN_WINDOW_S] + [

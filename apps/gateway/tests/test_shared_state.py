@@ -18,7 +18,13 @@ from apps.gateway.lbstate import BENCH_KEY, SharedState, read_in_flight, read_qu
 @pytest.fixture
 def clean_redis():
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    keys = (BENCH_KEY, "modelforge:lb:processes", "modelforge:lb:fails:b1", "modelforge:lb:history:b1")
+    keys = (
+        BENCH_KEY,
+        "modelforge:lb:processes",
+        "modelforge:lb:fails:b1",
+        "modelforge:lb:history:b1",
+        "modelforge:lb:benching:b1",
+    )
     client.delete(*keys)
     yield client
     client.delete(*keys)
@@ -105,6 +111,28 @@ def test_a_bench_decided_in_one_process_is_honoured_by_another(clean_redis, sett
     run(fail_five_then_flush)
     assert first.is_benched("b1") and second.is_benched("b1")
     assert "HTTP 502" in second.benched["b1"].reason
+
+
+# Regression (CI, 2026-12-02): a burst of requests to a killed backend failed together; the fifth and the
+# sixth failure both saw the run reach the limit before either bench was recorded, and the backend was
+# benched twice at once (count 2, twice the bench time, a step nearer churn).
+@pytest.mark.django_db(transaction=True)  # without the fix: benched enough times to raise churn
+def test_failures_arriving_together_bench_a_backend_once(clean_redis, settings):
+    first, second = two_processes()
+    candidates = [SimpleNamespace(key="b1"), SimpleNamespace(key="b2")]
+
+    async def fail_together() -> None:
+        failures = [
+            state.failed("b1", "pool/b1", "connection refused", candidates)
+            for state in (first, second)
+            for _ in range(settings.LB_CONSECUTIVE_FAILURES + 3)
+        ]
+        await asyncio.gather(*failures)
+
+    run(fail_together)
+    bench = clean_redis.hget(BENCH_KEY, "b1")
+    assert bench is not None and __import__("json").loads(bench)["count"] == 1
+    assert clean_redis.zcard("modelforge:lb:history:b1") == 1
 
 
 @pytest.mark.django_db(transaction=True)
