@@ -245,10 +245,15 @@ def test_an_old_table_is_rebuilt_only_when_what_it_is_built_from_changed(router,
         return latest is table
 
     assert wait_until(settled, 10)
-    unchanged = router.unchanged
+    # The suite's other processes share the database (a worker finishing another test's task, autovacuum
+    # freezing rows, which moves their xmin): a rebuild is allowed when, and only when, the inputs it read
+    # differ from the table's (CI, 2026-12-02).
+    unchanged, same = router.unchanged, 0
     for _ in range(3):
-        assert router.refresh() is table
-    assert router.unchanged == unchanged + 3
+        again = router.refresh()
+        assert again is table or again.inputs != table.inputs
+        same, table = same + (again is table), again
+    assert same >= 1 and router.unchanged == unchanged + same
     ClientCredential.objects.filter(secret_hash=digest(key)).update(revoked_at=timezone.now())
     revoked = router.refresh()
     assert revoked is not table and revoked.grants[digest(key)].revoked
@@ -259,7 +264,8 @@ def test_an_old_table_is_rebuilt_only_when_what_it_is_built_from_changed(router,
     Node.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
     silent = router.refresh()
     assert silent is not moved and router.candidates_in(silent, "rag.embedding@1", "")[0] == []
-    assert router.refresh() is silent
+    again = router.refresh()
+    assert again is silent or again.inputs != silent.inputs
 
 
 # Regression (CI of issue 17): a consumer minted its credential and called at once; the refresher had not
