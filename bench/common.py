@@ -48,6 +48,12 @@ def throwaway_stack(
         MODELFORGE_SECRET_KEY=secrets.token_urlsafe(48),
         MODELFORGE_OPERATOR_API_KEY=secrets.token_urlsafe(32),
         MODELFORGE_CLUSTER_SECRET=secrets.token_urlsafe(32),
+        # Most benches run no Celery worker or beat: after 2-3 minutes the web processes would raise
+        # BEAT_MISSING and WORKER_MISSING, log them into the bench's tables and start delivering alert
+        # notifications themselves (about 1 ms of CPU a second more, measured 2026-12-03), which a
+        # platform with its worker and beat running never does. A bench that starts them sees them as usual.
+        MODELFORGE_WORKER_MISSING_AFTER="86400",
+        MODELFORGE_BEAT_MISSING_AFTER="86400",
     )
     env.pop("MODELFORGE_DATABASE_URL", None)
     env.pop("MODELFORGE_REDIS_URL", None)
