@@ -51,7 +51,7 @@ def throwaway_stack(
         # Most benches run no Celery worker or beat: after 2-3 minutes the web processes would raise
         # BEAT_MISSING and WORKER_MISSING, log them into the bench's tables and start delivering alert
         # notifications themselves (about 1 ms of CPU a second more, measured 2026-12-03), which a
-        # platform with its worker and beat running never does. A bench that starts them sees them as usual.
+        # platform with its worker and beat running never does. A bench that needs the alerts sets its own.
         MODELFORGE_WORKER_MISSING_AFTER="86400",
         MODELFORGE_BEAT_MISSING_AFTER="86400",
     )
