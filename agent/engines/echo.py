@@ -6,14 +6,15 @@
 derived from the model's name and the text: 8 dimensions, or N for a name ending ``-Nd``) and
 ``POST /v1/chat/completions`` (echoes the last user message, or streams it word by word with
 ``"stream": true``). An input containing ``__status_NNN__`` is answered with that status, so tests can
-make a backend fail on purpose. ``GET /stats`` says how many requests it answers now, the most it ever
-answered at once, and when each of the latest began and ended (Unix time), so tests can measure the
-concurrency a backend really saw. With ``--metrics llamacpp`` (or ``vllm``) it also answers
-``GET /metrics`` with that engine's Prometheus gauges (requests running: the requests it is answering;
-waiting: 0; vLLM's KV-cache share: 1 % per running request), so the agent's engine signals can be seen
-end to end; without the option it has none, like llama-cpp-python's server. It is
-what the ``test-echo`` runtime profile launches, so placement, remote starts, stops and routing can be
-exercised with a real process and real HTTP on any machine.
+make a backend fail on purpose; a streamed answer to a message containing ``__burst__`` comes whole in
+one write, head included, as an engine answering from a cache would. ``GET /stats`` says how many
+requests it answers now, the most it ever answered at once, and when each of the latest began and
+ended (Unix time), so tests can measure the concurrency a backend really saw. With ``--metrics
+llamacpp`` (or ``vllm``) it also answers ``GET /metrics`` with that engine's Prometheus gauges
+(requests running: the requests it is answering; waiting: 0; vLLM's KV-cache share: 1 % per running
+request), so the agent's engine signals can be seen end to end; without the option it has none, like
+llama-cpp-python's server. It is what the ``test-echo`` runtime profile launches, so placement, remote
+starts, stops and routing can be exercised with a real process and real HTTP on any machine.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ def make_handler(model: str, metrics: str | None = None) -> type[BaseHTTPRequest
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        held: list[bytes] | None = None  # a burst's framed chunks, written with the head at its end
 
         def _json(self, status: int, payload: dict[str, Any]) -> None:
             body = json.dumps(payload).encode()
@@ -119,7 +121,10 @@ def make_handler(model: str, metrics: str | None = None) -> type[BaseHTTPRequest
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
+            burst = "__burst__" in text
+            self.held = [] if burst else None
+            if not burst:
+                self.end_headers()
             created = int(time.time())
             words = text.split(" ")
             for i, word in enumerate(words):
@@ -132,7 +137,8 @@ def make_handler(model: str, metrics: str | None = None) -> type[BaseHTTPRequest
                     "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
                 }
                 self._chunk(f"data: {json.dumps(chunk)}\n\n".encode())
-                time.sleep(STREAM_PAUSE_S)
+                if not burst:
+                    time.sleep(STREAM_PAUSE_S)
             final = {
                 "id": f"chatcmpl-{created}",
                 "object": "chat.completion.chunk",
@@ -153,9 +159,17 @@ def make_handler(model: str, metrics: str | None = None) -> type[BaseHTTPRequest
                 self._chunk(f"data: {json.dumps(usage)}\n\n".encode())
             self._chunk(b"data: [DONE]\n\n")
             self._chunk(b"")
+            if self.held is not None:  # the head and every chunk in one write
+                self._headers_buffer.append(b"\r\n" + b"".join(self.held))  # type: ignore[attr-defined]
+                self.flush_headers()
+                self.held = None
 
         def _chunk(self, data: bytes) -> None:
-            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            framed = f"{len(data):x}\r\n".encode() + data + b"\r\n"
+            if self.held is not None:
+                self.held.append(framed)
+                return
+            self.wfile.write(framed)
             self.wfile.flush()
 
         def do_GET(self) -> None:

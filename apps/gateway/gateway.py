@@ -370,9 +370,16 @@ class Gateway:
                 await response.gather(RENAME_AT_MOST)
             if response.complete:
                 # The whole answer came with its head (the usual case for embeddings and non-streamed
-                # chat): one body message, so the server writes it at once with a Content-Length.
-                body_out = renamed(response.take_available(), named)
-                call.usage = usage_in(body_out)
+                # chat, and for a short stream): one body message, so the server writes it at once with a
+                # Content-Length. A stream is still a stream: renamed and its usage taken event by event.
+                if content_type.startswith(b"text/event-stream"):
+                    whole = EventRenamer(named, call.strip_usage)
+                    body_out = whole.whole(response.take_available())
+                    call.usage = whole.usage
+                    call.first_byte_at = time.monotonic()
+                else:
+                    body_out = renamed(response.take_available(), named)
+                    call.usage = usage_in(body_out)
                 headers.append((b"content-length", str(len(body_out)).encode()))
                 await send({"type": "http.response.start", "status": response.status, "headers": headers})
                 started = True
@@ -549,17 +556,27 @@ class EventRenamer:
         rest, self.held = self.held, b""
         return self._pass(rest)
 
+    def whole(self, stream: bytes) -> bytes:
+        """A whole stream at once (it came with its head): ``feed`` and ``rest`` in one step."""
+        return self._pass(stream)
+
     def _pass(self, lines: bytes) -> bytes:
         if b'"usage"' in lines:
             lines = self._take_usage(lines)
         field = self.field
-        if field is not None:
-            # Outside a JSON string `"model"` is a key (inside one its quotes are escaped): when every such
-            # key is the field already seen, replacing the field renames them all.
-            if lines.count(b'"model"') == lines.count(field):
-                return lines.replace(field, self.replacement)
-        elif b'"model"' in lines and (found := _MODEL_FIELD.search(lines)) is not None:
-            self.field = found.group(0)
+        if field is None:
+            if b'"model"' not in lines or (found := _MODEL_FIELD.search(lines)) is None:
+                return lines
+            field = self.field = found.group(0)
+        # Outside a JSON string `"model"` is a key (inside one its quotes are escaped): when every such key
+        # is the field already seen, replacing the field renames them all. (How many it replaced follows
+        # from the lengths, unless the two are as long: one count fewer over the lines.)
+        replacement = self.replacement
+        out = lines.replace(field, replacement)
+        grown = len(replacement) - len(field)
+        replaced = (len(out) - len(lines)) // grown if grown else lines.count(field)
+        if lines.count(b'"model"') == replaced:
+            return out
         return renamed(lines, self.named)
 
     def _take_usage(self, lines: bytes) -> bytes:

@@ -145,6 +145,41 @@ def test_usage_is_counted_per_credential_and_rolled_up_per_minute(live_web, echo
     assert 'id="usage-totals"' in page and "chat.echo@1" in page and "rag.embedding@1" in page
 
 
+def test_a_stream_that_arrives_whole_with_its_head_is_passed_as_any_stream(live_web, echo):
+    # A short answer, or an engine answering from a cache, writes the whole stream at once: the gateway
+    # then has all of it with the head. It is still a stream: no usage chunk for a client that did not
+    # ask, the model named by the capability, its usage and time to first token counted.
+    bind("chat.echo@1", server=running_server(loopback_node(), "echo-u", echo))
+    key = credential(["chat.echo@1"])
+    key_id = str(ClientCredential.objects.get(display_prefix=key[:12]).pk)
+    sdk = OpenAI(base_url=live_web.url + "/v1", api_key=key, max_retries=0, timeout=20)
+    plain = list(
+        sdk.chat.completions.create(
+            model="chat.echo@1", stream=True, messages=[{"role": "user", "content": "__burst__ a b"}]
+        )
+    )
+    assert plain and all(c.choices for c in plain) and all(c.usage is None for c in plain)
+    assert {c.model for c in plain} == {"chat.echo@1"}
+    assert "".join(c.choices[0].delta.content or "" for c in plain) == "echo: __burst__ a b"
+    asked = list(
+        sdk.chat.completions.create(
+            model="chat.echo@1",
+            stream=True,
+            stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": "__burst__ a b"}],
+        )
+    )
+    assert asked[-1].choices == [] and asked[-1].usage is not None
+    assert (asked[-1].usage.prompt_tokens, asked[-1].usage.completion_tokens) == (3, 4)
+    expected = {
+        "chat.echo@1:requests": 2,
+        "chat.echo@1:prompt_tokens": 6,
+        "chat.echo@1:completion_tokens": 8,
+        "chat.echo@1:ttft_count": 2,
+    }
+    assert wait_until(lambda: all(counted(key_id)[k] == v for k, v in expected.items()), 10), counted(key_id)
+
+
 def test_usage_waits_in_the_process_while_redis_is_away_and_is_flushed_after():
     state = SharedState()
     state._client = redis.asyncio.Redis(port=free_port(), socket_connect_timeout=0.2)
