@@ -21,7 +21,10 @@ to first token.
 Beside each pair, unless ``--no-control``, a third request goes direct again (after the same quiet):
 the control, direct minus direct, pair by pair, printed the same way. It is the engine's own variation
 from one request to the next, with nothing between; the gateway's pairs can be read against it (an
-added time that the control shows as often and as large is the engine's, not the gateway's).
+added time that the control shows as often and as large is the engine's, not the gateway's). With the
+control, one more row: each gateway request against the mean of the two direct requests around it
+(direct, gateway, direct: the ABA design), which cancels a drift of the engine within the triple that
+the plain pair difference takes for the gateway's. ``--raw PATH`` writes every request's times as JSON.
 
 ``--engine fake`` puts run.py's backend (backend.py: 20 fixed chunks, streamed chat) in llama.cpp's place:
 the same pairs without the engine's own variation, for a quick look at what the gateway adds.
@@ -30,6 +33,7 @@ the same pairs without the engine's own variation, for a quick look at what the 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
@@ -150,6 +154,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=5, help="unmeasured requests per target first (5)")
     parser.add_argument("--engine", choices=("llamacpp", "fake"), default="llamacpp")
+    parser.add_argument("--raw", type=Path, help="write every request's times to this JSON file")
     parser.add_argument(
         "--no-control",
         dest="control",
@@ -219,6 +224,7 @@ def main() -> int:
             )
             print("|---|---:|---:|---:|---:|")
             notes = []
+            raw: dict[str, object] = {}
             for pairs in (int(p) for p in args.pairs.split(",")):
                 results, cpu_us = series(
                     direct, through, pairs, args.interval, args.max_tokens, gateway.pid, chat, args.control
@@ -229,6 +235,13 @@ def main() -> int:
                 print(summarise(f"{pairs} pairs, total", [r[1] for r in d], [r[1] for r in g]))
                 if c:
                     print(summarise(f"{pairs} controls, first token", first, control))
+                    around = [(a + b) / 2 for a, b in zip(first, control, strict=True)]
+                    print(
+                        summarise(
+                            f"{pairs} pairs, first token, against both directs", around, [r[0] for r in g]
+                        )
+                    )
+                raw[str(pairs)] = results
                 tokens = [r[2] for r in d + g + c]
                 notes.append(
                     f"{pairs} pairs: tokens per answer {min(tokens)}-{max(tokens)}; "
@@ -239,6 +252,8 @@ def main() -> int:
                     notes.append("  " + extremes("control: direct minus direct, first token", first, control))
             print()
             print("\n".join(notes))
+            if args.raw:
+                args.raw.write_text(json.dumps(raw))
         finally:
             for process in processes:
                 if process.poll() is None:
