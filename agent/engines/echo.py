@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import math
 import re
@@ -105,7 +106,6 @@ def make_handler(model: str, metrics: str | None = None) -> type[BaseHTTPRequest
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
-        held: list[bytes] | None = None  # a burst's framed chunks, written with the head at its end
 
         def _json(self, status: int, payload: dict[str, Any]) -> None:
             body = json.dumps(payload).encode()
@@ -122,9 +122,10 @@ def make_handler(model: str, metrics: str | None = None) -> type[BaseHTTPRequest
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")
             burst = "__burst__" in text
-            self.held = [] if burst else None
-            if not burst:
-                self.end_headers()
+            gathered = io.BytesIO()
+            if burst:  # head and chunks gathered here, then written at once
+                socket_writer, self.wfile = self.wfile, gathered
+            self.end_headers()
             created = int(time.time())
             words = text.split(" ")
             for i, word in enumerate(words):
@@ -159,17 +160,12 @@ def make_handler(model: str, metrics: str | None = None) -> type[BaseHTTPRequest
                 self._chunk(f"data: {json.dumps(usage)}\n\n".encode())
             self._chunk(b"data: [DONE]\n\n")
             self._chunk(b"")
-            if self.held is not None:  # the head and every chunk in one write
-                self._headers_buffer.append(b"\r\n" + b"".join(self.held))  # type: ignore[attr-defined]
-                self.flush_headers()
-                self.held = None
+            if burst:
+                self.wfile = socket_writer
+                self.wfile.write(gathered.getvalue())
 
         def _chunk(self, data: bytes) -> None:
-            framed = f"{len(data):x}\r\n".encode() + data + b"\r\n"
-            if self.held is not None:
-                self.held.append(framed)
-                return
-            self.wfile.write(framed)
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
 
         def do_GET(self) -> None:

@@ -569,14 +569,9 @@ class EventRenamer:
                 return lines
             field = self.field = found.group(0)
         # Outside a JSON string `"model"` is a key (inside one its quotes are escaped): when every such key
-        # is the field already seen, replacing the field renames them all. (How many it replaced follows
-        # from the lengths, unless the two are as long: one count fewer over the lines.)
-        replacement = self.replacement
-        out = lines.replace(field, replacement)
-        grown = len(replacement) - len(field)
-        replaced = (len(out) - len(lines)) // grown if grown else lines.count(field)
-        if lines.count(b'"model"') == replaced:
-            return out
+        # is the field already seen, replacing the field renames them all.
+        if lines.count(b'"model"') == lines.count(field):
+            return lines.replace(field, self.replacement)
         return renamed(lines, self.named)
 
     def _take_usage(self, lines: bytes) -> bytes:
