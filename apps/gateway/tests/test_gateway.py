@@ -93,6 +93,20 @@ def test_prefix_affinity_over_the_sdk_by_conversation_start_or_session_header(li
     key = credential(["chat.general@1"])
     wait_for_route(live_web, key, "chat.general@1")
     client = sdk(live_web, key)
+
+    def affinity_in_force() -> bool:
+        # The route may answer from a table built before the switch (weighted round-robin, 3:1: any four
+        # requests in a row reach both backends); four in a row on one backend is the new table.
+        served = {
+            client.chat.completions.with_raw_response.create(
+                model="chat.general@1",
+                messages=[{"role": "system", "content": "probe " * 200}, {"role": "user", "content": "q"}],
+            ).headers["x-modelforge-backend"]
+            for _ in range(4)
+        }
+        return len(served) == 1
+
+    assert wait_until(affinity_in_force, 15)
     served: dict[str, set[str]] = {}
     for turn in range(4):
         for tenant in range(6):
