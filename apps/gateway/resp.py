@@ -223,6 +223,17 @@ class LeanRedis:
         protocol = self._protocol
         return protocol if protocol is not None and not protocol.lost else None
 
+    def pipeline(self) -> Pipeline:
+        return Pipeline(self)
+
+    async def connection(self) -> _Protocol:
+        """The connection, made on this event loop (one made on a loop that has since closed, as a
+        test's, is dropped, not waited on for ever)."""
+        protocol = self._protocol
+        if protocol is not None and protocol.loop is not asyncio.get_running_loop():
+            self._protocol = self._connecting = None
+        return await self._connection()
+
     async def _connection(self) -> _Protocol:
         protocol = self._protocol
         if protocol is not None and not protocol.lost:
@@ -304,3 +315,94 @@ class LeanRedis:
         if isinstance(reply, RespError):
             raise reply
         return reply
+
+
+class Pipeline:
+    """Commands queued, then sent in one write with their replies awaited together (``execute``): the
+    part of redis-py's asyncio pipeline that the load-balancer state's once-a-second flush uses
+    (apps/gateway/lbstate.py), replies shaped as redis-py shapes them (``HGETALL``: a dict, ``EXPIRE``: a
+    bool). redis-py's pipeline spent about 1.8 ms of CPU on an idle process's flush, half of the
+    serving loop's own CPU while nothing is served (bench/gateway/idle.py, 2026-12-04).
+
+    An error reply raises ``RespError`` from ``execute`` (the first one, after every reply has arrived);
+    no reply raises ``RespUnavailable`` (an ``OSError``)."""
+
+    def __init__(self, lean: LeanRedis) -> None:
+        self.lean = lean
+        self.commands: list[bytes] = []
+        self.shapes: list[Callable[[Any], Any] | None] = []
+
+    async def __aenter__(self) -> Pipeline:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.commands.clear()
+        self.shapes.clear()
+
+    def _add(self, shape: Callable[[Any], Any] | None, *parts: bytes | str | int | float) -> None:
+        self.commands.append(encode(*(repr(p) if isinstance(p, float) else p for p in parts)))
+        self.shapes.append(shape)
+
+    def hincrby(self, name: str, key: str | bytes, amount: int = 1) -> None:
+        self._add(None, "HINCRBY", name, key, amount)
+
+    def incrby(self, name: str, amount: int = 1) -> None:
+        self._add(None, "INCRBY", name, amount)
+
+    def expire(self, name: str, seconds: int) -> None:
+        self._add(bool, "EXPIRE", name, int(seconds))
+
+    def delete(self, *names: str) -> None:
+        self._add(None, "DEL", *names)
+
+    def hset(
+        self, name: str, key: str | None = None, value: Any = None, mapping: dict[Any, Any] | None = None
+    ) -> None:
+        pairs: list[Any] = [] if key is None else [key, value]
+        for field, item in (mapping or {}).items():
+            pairs.extend((field, item))
+        self._add(None, "HSET", name, *pairs)
+
+    def hdel(self, name: str, *keys: str) -> None:
+        self._add(None, "HDEL", name, *keys)
+
+    def zadd(self, name: str, mapping: dict[str, float]) -> None:
+        parts: list[Any] = []
+        for member, score in mapping.items():
+            parts.extend((score, member))
+        self._add(None, "ZADD", name, *parts)
+
+    def zremrangebyscore(self, name: str, low: float, high: float) -> None:
+        self._add(None, "ZREMRANGEBYSCORE", name, low, high)
+
+    def zrange(self, name: str, start: int, end: int) -> None:
+        self._add(None, "ZRANGE", name, start, end)
+
+    def hgetall(self, name: str) -> None:
+        self._add(_as_dict, "HGETALL", name)
+
+    def hmget(self, name: str, keys: list[str]) -> None:
+        self._add(None, "HMGET", name, *keys)
+
+    async def execute(self) -> list[Any]:
+        commands, shapes = self.commands, self.shapes
+        self.commands, self.shapes = [], []
+        if not commands:
+            return []
+        protocol = await self.lean.connection()
+        waiters = []
+        for command in commands:
+            waiter: asyncio.Future[Any] = protocol.loop.create_future()
+            protocol.send(command, waiter)
+            waiters.append(waiter)
+        replies = [await waiter for waiter in waiters]
+        for reply in replies:
+            if isinstance(reply, RespError):
+                raise reply
+        return [
+            reply if shape is None else shape(reply) for reply, shape in zip(replies, shapes, strict=True)
+        ]
+
+
+def _as_dict(reply: list[Any]) -> dict[Any, Any]:
+    return dict(zip(reply[::2], reply[1::2], strict=True))

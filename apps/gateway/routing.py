@@ -321,7 +321,9 @@ class Router:
         of changes, one rebuild)."""
         deadline = time.monotonic() + CHECK_EVERY_S
         while (left := deadline - time.monotonic()) > 0 and not self._stop.is_set():
-            message = subscription.get_message(timeout=min(left, 0.25))
+            # One wait for the whole second, not four: each wake-up of redis-py's pubsub costs about as
+            # much as the version check (bench/gateway/idle.py, 2026-12-04); ``stop`` waits for it.
+            message = subscription.get_message(timeout=left)
             if message is not None and message.get("type") == "message":
                 self.notices += 1
                 while subscription.get_message(timeout=0) is not None:

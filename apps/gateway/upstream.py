@@ -30,6 +30,8 @@ READ_TIMEOUT_S = 120.0
 MAX_CONNECTIONS_PER_BACKEND = 256
 # An idle connection is closed after this long (a backend that left the routing table leaves nothing open).
 IDLE_TIMEOUT_S = 30.0
+# The watchdog's checks in a row with no connection waiting before it rests (at 0.25 s each: 2 s).
+WATCH_REST_AFTER = 8
 
 
 def _write_if_open(transport: asyncio.Transport, data: bytes) -> None:
@@ -74,6 +76,7 @@ class _Connection(asyncio.Protocol):
         "transport",
         "waiter",
         "waiting",
+        "watch",
     )
 
     def __init__(
@@ -81,11 +84,14 @@ class _Connection(asyncio.Protocol):
         loop: asyncio.AbstractEventLoop,
         on_lost: Callable[[], None] | None = None,
         waiting: set[_Connection] | None = None,
+        watch: Callable[[], None] | None = None,
     ) -> None:
         self.loop = loop
         self.on_lost = on_lost
-        # The pool's set of connections waiting for the backend: its watchdog times them out.
+        # The pool's set of connections waiting for the backend: its watchdog times them out (``watch``
+        # starts it again when the set was empty: it rests while nothing waits).
         self.waiting: set[_Connection] = waiting if waiting is not None else set()
+        self.watch = watch
         self.deadline = 0.0
         self.transport: asyncio.Transport | None = None
         self.closed = False
@@ -163,6 +169,8 @@ class _Connection(asyncio.Protocol):
         # CPU): a deadline, which the pool's watchdog checks a few times a second.
         self.waiter = self.loop.create_future()
         self.deadline = self.loop.time() + timeout
+        if not self.waiting and self.watch is not None:
+            self.watch()
         self.waiting.add(self)
         try:
             await self.waiter
@@ -259,8 +267,6 @@ class Upstream:
     ) -> UpstreamResponse:
         """POST ``body`` to ``url`` (``http://host:port``) + ``path``; returns once the head arrived."""
         key = _host_port(url)
-        if self._watchdog is None:
-            self._watchdog = asyncio.get_running_loop().create_task(self._watch())
         now = time.monotonic()
         if now - self._pruned_at > IDLE_TIMEOUT_S / 3:
             self._prune(now)
@@ -324,7 +330,9 @@ class Upstream:
         try:
             _, conn = await asyncio.wait_for(
                 loop.create_connection(
-                    lambda: _Connection(loop, lambda: self._lost(key), self._waiting), key[0], key[1]
+                    lambda: _Connection(loop, lambda: self._lost(key), self._waiting, self._start_watch),
+                    key[0],
+                    key[1],
                 ),
                 self.connect_timeout,
             )
@@ -361,12 +369,26 @@ class Upstream:
                 return conn
         return None
 
+    def _start_watch(self) -> None:
+        if self._watchdog is None:
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch())
+
     async def _watch(self) -> None:
-        """Time out connections waiting past their deadline (checked a few times a second)."""
+        """Time out connections waiting past their deadline (checked a few times a second). After
+        ``WATCH_REST_AFTER`` checks in a row with nothing waiting it rests, until a connection waits again
+        (``_Connection.wait``): an idle gateway's loop then has no reason to wake (bench/gateway/idle.py)."""
         loop = asyncio.get_running_loop()
         interval = min(0.25, self.read_timeout / 4, self.connect_timeout / 4)
+        quiet = 0
         while True:
             await asyncio.sleep(interval)
+            if not self._waiting:
+                quiet += 1
+                if quiet >= WATCH_REST_AFTER:
+                    self._watchdog = None
+                    return
+                continue
+            quiet = 0
             now = loop.time()
             for conn in [c for c in self._waiting if c.deadline <= now]:
                 if conn.waiter is not None:

@@ -106,3 +106,49 @@ def test_a_fired_command_leaves_with_the_next_one_or_alone_after_its_moment():
 
     run_in_own_loop(main)
     assert seen == [b"1", b"1", b"in order"]
+
+
+def test_a_pipeline_answers_as_redis_py_does_and_survives_its_event_loop():
+    """The flush's pipeline (apps/gateway/lbstate.py) on the lean client: the replies shaped as redis-py's
+    pipeline shapes them, against the real server; an error reply raises after every reply came; a client
+    whose connection was made on a loop that has closed connects again on the next one."""
+    client = LeanRedis(settings.CELERY_BROKER_URL)
+    expected_by_redis_py = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    expected_by_redis_py.delete("t:hash", "t:z", "t:n")
+
+    def commands(pipe) -> None:
+        pipe.hincrby("t:hash", "a", 3)
+        pipe.hset("t:hash", mapping={"b": 2, "c": "x"})
+        pipe.expire("t:hash", 60)
+        pipe.expire("t:absent", 60)
+        pipe.zadd("t:z", {"one": 1.5, "two": 2.0})
+        pipe.zremrangebyscore("t:z", 0, 1.6)
+        pipe.zrange("t:z", 0, -1)
+        pipe.hgetall("t:hash")
+        pipe.hmget("t:hash", ["a", "nope"])
+        pipe.hdel("t:hash", "c")
+        pipe.incrby("t:n", 5)
+        pipe.delete("t:n", "t:absent")
+
+    async def lean() -> list:
+        async with client.pipeline() as pipe:
+            commands(pipe)
+            return await pipe.execute()
+
+    got = run_in_own_loop(lean)  # a loop of its own: the next run's is another
+    expected_by_redis_py.delete("t:hash", "t:z", "t:n")
+    with expected_by_redis_py.pipeline(transaction=False) as pipe:
+        commands(pipe)
+        expected = pipe.execute()
+    assert got == expected
+    assert got[7] == {b"a": b"3", b"b": b"2", b"c": b"x"} and got[3] is False and got[6] == [b"two"]
+
+    async def wrong_type() -> None:
+        async with client.pipeline() as pipe:
+            pipe.hincrby("t:z", "a", 1)  # a sorted set
+            pipe.incrby("t:n", 1)
+            await pipe.execute()
+
+    with pytest.raises(RespError, match="WRONGTYPE"):
+        run_in_own_loop(wrong_type)
+    assert expected_by_redis_py.get("t:n") == b"1"  # the command after the error ran (deleted above)

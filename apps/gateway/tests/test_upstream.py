@@ -115,6 +115,36 @@ def test_a_silent_backend_times_out():
     serve(silent, test)
 
 
+def test_the_watchdog_rests_while_nothing_waits_and_a_wait_after_its_rest_still_times_out(monkeypatch):
+    """An idle gateway's loop has no timer of the pool's to wake for; the first wait after the rest starts
+    the watchdog again, so a silent backend still times out."""
+    monkeypatch.setattr(upstream_module, "WATCH_REST_AFTER", 2)
+    calls = {"n": 0}
+
+    async def first_quick_then_silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            calls["n"] += 1
+            if calls["n"] > 1:
+                await asyncio.sleep(5)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
+
+    async def test(url: str, stats: dict[str, int]) -> None:
+        pool = Upstream(read_timeout=0.2)
+        answer = await pool.post(url, "/v1/embeddings", b"{}", [])
+        await answer.read()
+        assert pool._watchdog is not None  # started by the first wait
+        await asyncio.sleep(0.05 * 2 + 0.2)  # two checks (every read_timeout / 4) with nothing waiting
+        assert pool._watchdog is None
+        started = time.monotonic()
+        with pytest.raises(UpstreamTimeout):
+            await pool.post(url, "/v1/embeddings", b"{}", [])
+        assert time.monotonic() - started < 2  # timed out by the watchdog, not the backend's 5 s
+
+    serve(first_quick_then_silent, test)
+
+
 def test_a_stream_arrives_chunk_by_chunk_not_buffered():
 
     async def streaming(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
