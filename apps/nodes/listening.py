@@ -58,8 +58,12 @@ def listening_since() -> datetime | None:
 def web_tick(now: datetime | None = None) -> None:
     """A web process is listening now; if none was for longer than the gap, the grace period restarts."""
     now = now or timezone.now()
-    current()
     gap = now - timedelta(seconds=settings.LISTENING_GAP)
+    # The usual stamp, the last one inside the gap: one statement (this runs in every web worker every
+    # few seconds; three statements were most of the listening thread's CPU, bench/gateway/idle.py).
+    if ListeningClock.objects.filter(singleton=True, web_seen_at__gte=gap).update(web_seen_at=now):
+        return
+    current()
     after_gap = Q(web_seen_at__isnull=True) | Q(web_seen_at__lt=gap)
     restarted = ListeningClock.objects.filter(after_gap, singleton=True).update(
         listening_since=now, listening_reason="web processes started listening after a gap", web_seen_at=now

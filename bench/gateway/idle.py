@@ -112,6 +112,7 @@ def main() -> None:
                     stderr=subprocess.DEVNULL,
                 )
             threads_before = _thread_cpu(worker[0]) if worker else {}
+            database_before = _database_counts()
             before = (
                 _cpu([web.pid]),
                 _cpu(worker),
@@ -137,6 +138,20 @@ def main() -> None:
             for name, b, a in zip(names, before, after, strict=True):
                 print(f"  {name:34} {1000 * (a - b) / elapsed:6.2f} ms/s")
             print(f"  {'total':34} {1000 * (sum(after) - sum(before)) / elapsed:6.2f} ms/s")
+            database_after = _database_counts()
+            print(
+                "PostgreSQL, per second of quiet: "
+                + ", ".join(
+                    f"{name} {(after_n - before_n) / elapsed:.1f}"
+                    for name, before_n, after_n in zip(
+                        ("transactions", "rows read", "rows updated", "connections made"),
+                        database_before,
+                        database_after,
+                        strict=True,
+                    )
+                )
+                + " (this bench's own two reads included)"
+            )
             if worker:
                 names_of = _thread_names(args.py_spy, worker[0]) if args.py_spy else {}
                 print("the web worker's threads:")
@@ -154,6 +169,20 @@ def main() -> None:
             for backend in backends:
                 os.killpg(backend.pid, signal.SIGTERM)
                 backend.wait(timeout=20)
+
+
+def _database_counts() -> tuple[int, ...]:
+    """The database's transactions, rows read and updated, and sessions made so far (pg_stat_database;
+    the statistics collector's counts, as of this transaction)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT xact_commit + xact_rollback, tup_fetched + tup_returned, tup_updated, sessions"
+            " FROM pg_stat_database WHERE datname = current_database()"
+        )
+        return tuple(int(v) for v in cursor.fetchone())
 
 
 def _thread_cpu(pid: int) -> dict[int, float]:

@@ -11,6 +11,8 @@ from datetime import timedelta
 
 import pytest
 import time_machine
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from apps.alerts.models import Alert
@@ -94,8 +96,11 @@ def test_web_stamps_without_a_gap_do_not_move_listening_since(clock, settings):
     listening.web_tick()
     first = ListeningClock.objects.get().listening_since
     clock.shift(timedelta(seconds=5))
-    listening.web_tick()
-    assert ListeningClock.objects.get().listening_since == first
+    with CaptureQueriesContext(connection) as queries:
+        listening.web_tick()
+    row = ListeningClock.objects.get()
+    assert row.listening_since == first and row.web_seen_at == timezone.now()
+    assert len(queries) == 1  # the usual stamp is one statement
 
 
 def test_a_restore_switch_over_restarts_the_grace_period_of_restored_nodes(clock, settings):
