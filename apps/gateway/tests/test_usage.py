@@ -21,6 +21,7 @@ from openai import OpenAI
 from apps.clusters.models import ClientCredential
 from apps.clusters.tests.factories import bind, credential, echo_backend, loopback_node, running_server
 from apps.gateway.lbstate import SharedState
+from apps.gateway.resp import LeanRedis
 from apps.gateway.usage import SEP, USAGE_KEY, split_field, usage_in
 from apps.observability.models import UsageSample
 from apps.observability.sampling import roll_up_usage
@@ -182,7 +183,9 @@ def test_a_stream_that_arrives_whole_with_its_head_is_passed_as_any_stream(live_
 
 def test_usage_waits_in_the_process_while_redis_is_away_and_is_flushed_after():
     state = SharedState()
+    # Both clients the flush may use (the lean one for a plain redis:// URL) point at nothing.
     state._client = redis.asyncio.Redis(port=free_port(), socket_connect_timeout=0.2)
+    state._lean = LeanRedis(f"redis://127.0.0.1:{free_port()}/0", timeout=0.2)
     state.usage.record("7", "", "chat.echo@1", "echo-a", 200, (5, 6), 0.01, 0.02)
 
     run_in_own_loop(state.flush)  # (a browser test may keep a loop running in this thread)
@@ -190,6 +193,7 @@ def test_usage_waits_in_the_process_while_redis_is_away_and_is_flushed_after():
     assert state.usage.counts[f"7{SEP}{SEP}chat.echo@1{SEP}echo-a{SEP}prompt_tokens"] == 5
     clear_usage()
     state._client = redis.asyncio.Redis.from_url(settings.CELERY_BROKER_URL)
+    state._lean = None  # made again from the settings at the next flush
     run_in_own_loop(state.flush)  # (a browser test may keep a loop running in this thread)
     assert not state.usage.counts and not state.usage.totals
     assert counted("7")["chat.echo@1:prompt_tokens"] == 5
