@@ -15,14 +15,23 @@ seconds per GiB, most of a core at the speeds replication runs).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import select
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 ZERO_COPY = "http.response.zerocopysend"
+logger = logging.getLogger("uvicorn.error")
 
 
 class CoalescingTransport:
@@ -83,6 +92,16 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
 
     def on_headers_complete(self) -> None:
+        handler = _lean_handler(self)
+        if handler is not None:
+            lean: Any = LeanCycle(self, handler)  # uvicorn's protocol drives it as its own cycle
+            existing, self.cycle = self.cycle, lean
+            if existing is None or existing.response_complete:
+                self._start_asgi_task(lean, handler)
+            else:  # pipelined: after the answer before it, as uvicorn does
+                self.flow.pause_reading()
+                self.pipeline.appendleft((lean, handler))
+            return
         super().on_headers_complete()
         cycle = self.cycle
         # Only a GET answers with a file; other requests keep uvicorn's own send (one call less each).
@@ -196,3 +215,218 @@ class ZeroCopySend:
             count -= len(block)
             more = bool(count) or more_body
             await self._send({"type": "http.response.body", "body": block, "more_body": more})
+
+
+_LEAN: tuple[dict[str, Any], tuple[tuple[str, Any], ...]] | None = None
+
+
+def _lean_handler(protocol: HttpToolsProtocol) -> Any:
+    """The lean endpoint (modelforge.lean) a plain POST goes to, or None: uvicorn's own cycle then."""
+    global _LEAN
+    parser = protocol.parser
+    url = protocol.url
+    if (
+        parser.get_method() != b"POST"
+        or protocol.expect_100_continue
+        or url[:1] != b"/"
+        or b"?" in url
+        or b"%" in url
+        or b"#" in url
+        or protocol.root_path
+        or protocol.limit_concurrency is not None
+        or parser.should_upgrade()
+        or parser.get_http_version() != "1.1"
+    ):
+        return None
+    if _LEAN is None:
+        from modelforge import asgi
+
+        _LEAN = (asgi.EXACT, asgi.PREFIXES)
+    path = url.decode("ascii")
+    exact, prefixes = _LEAN
+    handler = exact.get(path)
+    if handler is None:
+        for prefix, candidate in prefixes:
+            if path.startswith(prefix):
+                handler = candidate
+                break
+        else:
+            return None
+    scope = protocol.scope
+    scope["method"] = "POST"
+    scope["path"] = path
+    scope["raw_path"] = url
+    scope["query_string"] = b""
+    return handler
+
+
+class LeanCycle:
+    """One request to a lean endpoint: uvicorn's ``RequestResponseCycle`` for what the gateway and the
+    heartbeats use, without what they do not (the proxy-headers middleware, the entry point's dispatch,
+    an ``asyncio.Event`` per request, two expressions per response header)."""
+
+    __slots__ = (
+        "body",
+        "chunked",
+        "delivered",
+        "disconnected",
+        "flow",
+        "handler",
+        "keep_alive",
+        "left",
+        "more_body",
+        "on_response",
+        "response_complete",
+        "response_started",
+        "scope",
+        "server_state",
+        "transport",
+        "waiter",
+    )
+
+    def __init__(self, protocol: HttpToolsProtocol, handler: Any) -> None:
+        self.scope = protocol.scope
+        self.transport = protocol.transport
+        self.flow: FlowControl = protocol.flow
+        self.handler = handler
+        self.on_response = protocol.on_response_complete
+        self.server_state = protocol.server_state
+        self.keep_alive = protocol.parser.should_keep_alive()
+        self.disconnected = False
+        self.body = bytearray()
+        self.more_body = True
+        self.delivered = False
+        self.response_started = False
+        self.response_complete = False
+        self.chunked = False
+        self.left = 0
+        self.waiter: asyncio.Future[None] | None = None
+
+    @property
+    def message_event(self) -> LeanCycle:
+        return self
+
+    def set(self) -> None:
+        """uvicorn's protocol: more body, the end of it, or the connection gone."""
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def run_asgi(self, _app: Any) -> None:
+        try:
+            await self.handler(self.scope, self.receive, self.send)
+        except BaseException as exc:
+            logger.error("Exception in ASGI application", exc_info=exc)
+            if not self.response_started:
+                await self.send(
+                    {
+                        "type": "http.response.start",
+                        "status": 500,
+                        "headers": [
+                            (b"content-type", b"text/plain; charset=utf-8"),
+                            (b"connection", b"close"),
+                        ],
+                    }
+                )
+                await self.send({"type": "http.response.body", "body": b"Internal Server Error"})
+            else:
+                self.transport.close()
+        else:
+            if not self.response_complete and not self.disconnected:
+                logger.error("ASGI callable returned without completing response.")
+                self.transport.close()
+        finally:
+            self.on_response = _nothing
+
+    async def receive(self) -> dict[str, Any]:
+        while not (self.disconnected or self.response_complete):
+            if self.body or not (self.more_body or self.delivered):
+                body, self.body = bytes(self.body), bytearray()
+                self.delivered = not self.more_body
+                return {"type": "http.request", "body": body, "more_body": self.more_body}
+            # More body to come, or (all of it read) the client going away.
+            self.flow.resume_reading()
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if self.flow.write_paused and not self.disconnected:
+            await self.flow.drain()
+        if self.disconnected:
+            return
+        if not self.response_started:
+            if message["type"] != "http.response.start":
+                raise RuntimeError(
+                    f"Expected ASGI message 'http.response.start', but got '{message['type']}'."
+                )
+            self.response_started = True
+            headers = message.get("headers", ())
+            names = b"".join(name for name, _ in headers)
+            if HEADER_RE.search(names) or HEADER_VALUE_RE.search(b"".join(value for _, value in headers)):
+                raise RuntimeError("Invalid HTTP header.")
+            content = [STATUS_LINE[message["status"]]]
+            for name, value in self.server_state.default_headers:  # the Date header, kept by the server
+                content += (name, b": ", value, b"\r\n")
+            length: int | None = None
+            close = False
+            for name, value in headers:
+                name = name.lower()
+                if name == b"content-length":
+                    if length is None:
+                        length = int(value)
+                elif name == b"transfer-encoding":
+                    if value.lower() == b"chunked":
+                        self.chunked = True
+                elif name == b"connection" and b"close" in [t.strip() for t in value.lower().split(b",")]:
+                    self.keep_alive, close = False, True
+                content += (name, b": ", value, b"\r\n")
+            if self.chunked:
+                length = None
+            elif length is None:
+                self.chunked = True
+                content.append(b"transfer-encoding: chunked\r\n")
+            if length is not None:
+                self.left = length
+            if not self.keep_alive and not close:
+                content.append(b"connection: close\r\n")
+            content.append(b"\r\n")
+            self.transport.write(b"".join(content))
+            return
+        if self.response_complete:
+            raise RuntimeError(
+                f"Unexpected ASGI message '{message['type']}' sent, after response already completed."
+            )
+        if message["type"] != "http.response.body":
+            raise RuntimeError(f"Expected 'http.response.body', got '{message['type']}'.")
+        body = message.get("body", b"")
+        more_body = message.get("more_body", False)
+        if self.chunked:
+            if body:
+                self.transport.write(
+                    b"%x\r\n%s\r\n" % (len(body), body)
+                    if more_body
+                    else b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+                )
+            elif not more_body:
+                self.transport.write(b"0\r\n\r\n")
+        else:
+            self.left -= len(body)
+            if self.left < 0:
+                raise RuntimeError("Response content longer than Content-Length")
+            self.transport.write(body)
+        if not more_body:
+            if self.left:
+                raise RuntimeError("Response content shorter than Content-Length")
+            self.response_complete = True
+            self.set()
+            if not self.keep_alive:
+                self.transport.close()
+            self.on_response()
+
+
+def _nothing() -> None:
+    return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 
 from modelforge.http_protocol import CoalescingTransport
@@ -176,3 +177,184 @@ def test_a_client_that_stops_reading_a_file_does_not_hold_up_other_requests(tmp_
         staller.close()
 
     serve_with_our_protocol(app, stall_then_ping)
+
+
+# --- The lean cycle: a plain POST to a lean endpoint (modelforge.lean) skips uvicorn's own cycle ---------
+
+
+def serve_lean(monkeypatch, handler, check) -> None:  # type: ignore[no-untyped-def]
+    """``handler`` mounted as the only lean endpoint, at ``/lean/``; every other request goes to an app
+    that answers 418 (uvicorn's own cycle, as Django's requests do)."""
+    from modelforge import http_protocol
+
+    monkeypatch.setattr(http_protocol, "_LEAN", ({}, (("/lean/", handler),)))
+
+    async def other(scope, receive, send):  # type: ignore[no-untyped-def]
+        await send({"type": "http.response.start", "status": 418, "headers": [(b"content-length", b"3")]})
+        await send({"type": "http.response.body", "body": b"tea"})
+
+    serve_with_our_protocol(other, check)
+
+
+def raw_exchange(port: int, data: bytes, *, until: int = 1, pause_after: int | None = None) -> bytes:
+    """Send ``data`` (in two writes, ``pause_after`` bytes then the rest, when given) and read until
+    ``until`` responses' ends (``\\r\\n\\r\\n`` of a head followed by its body) or the server closes."""
+    import time
+
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        if pause_after is None:
+            sock.sendall(data)
+        else:
+            sock.sendall(data[:pause_after])
+            time.sleep(0.2)
+            sock.sendall(data[pause_after:])
+        received = b""
+        while received.count(b"HTTP/1.1 ") < until or not _ended(received, until):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+        return received
+
+
+def _ended(received: bytes, count: int) -> bool:
+    import re
+
+    heads = [m.start() for m in re.finditer(rb"HTTP/1\.1 \d{3}", received)]
+    if len(heads) < count:
+        return False
+    last = received[heads[count - 1] :]
+    head, _, body = last.partition(b"\r\n\r\n")
+    if b"transfer-encoding: chunked" in head.lower():
+        return body.endswith(b"0\r\n\r\n")
+    length = re.search(rb"content-length: (\d+)", head.lower())
+    return length is not None and len(body) >= int(length.group(1))
+
+
+async def echo(scope, receive, send):  # type: ignore[no-untyped-def]
+    """Reads the whole body, answers it with its length, and what the scope said."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    answer = json.dumps({"path": scope["path"], "method": scope["method"], "body": body.decode()}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(answer))],
+        }
+    )
+    await send({"type": "http.response.body", "body": answer})
+
+
+def post(path: str, body: bytes, extra: bytes = b"") -> bytes:
+    return b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n%s\r\n%s" % (
+        path.encode(),
+        len(body),
+        extra,
+        body,
+    )
+
+
+def test_a_lean_post_is_answered_with_the_date_and_the_connection_kept_for_the_next(monkeypatch):
+    def check(port: int) -> None:
+        answer = raw_exchange(
+            port, post("/lean/a", b"one") + post("/lean/b", b"") + post("/other", b"x"), until=3
+        )
+        first, second, third = answer.split(b"HTTP/1.1 ")[1:]
+        assert first.startswith(b"200 OK") and b"\r\ndate: " in first
+        assert json.loads(first.partition(b"\r\n\r\n")[2]) == {
+            "path": "/lean/a",
+            "method": "POST",
+            "body": "one",
+        }
+        # An empty body is a body: the first receive gives it, not a wait for the client to go.
+        assert json.loads(second.partition(b"\r\n\r\n")[2])["body"] == ""
+        assert third.startswith(b"418") and third.endswith(b"tea")  # not lean: uvicorn's cycle, in order
+        assert b"connection: close" not in answer
+
+    serve_lean(monkeypatch, echo, check)
+
+
+def test_a_lean_body_that_arrives_in_pieces_is_received_whole(monkeypatch):
+    def check(port: int) -> None:
+        body = b"x" * 200_000  # beyond uvicorn's high-water mark: reading pauses and resumes
+        answer = raw_exchange(port, post("/lean/slow", body), pause_after=100)
+        assert json.loads(answer.partition(b"\r\n\r\n")[2])["body"] == body.decode()
+
+    serve_lean(monkeypatch, echo, check)
+
+
+def test_lean_requests_that_are_not_plain_posts_take_uvicorns_cycle(monkeypatch):
+    seen: list[str] = []
+
+    async def handler(scope, receive, send):  # type: ignore[no-untyped-def]
+        seen.append(scope["method"])
+        await echo(scope, receive, send)
+
+    def check(port: int) -> None:
+        for request in (
+            post("/lean/q?x=1", b"a"),  # a query string
+            post("/lean/%41", b"a"),  # percent-encoded
+            post("/lean/e", b"a", b"expect: 100-continue\r\n"),
+            b"GET /lean/g HTTP/1.1\r\nhost: x\r\n\r\n",
+        ):
+            assert raw_exchange(port, request).startswith(b"HTTP/1.1 418")
+
+    serve_lean(monkeypatch, handler, check)
+    assert seen == []
+
+
+def test_a_lean_endpoint_that_fails_before_answering_gets_a_500_and_a_closed_connection(monkeypatch):
+    async def broken(scope, receive, send):  # type: ignore[no-untyped-def]
+        raise ValueError("boom")
+
+    def check(port: int) -> None:
+        answer = raw_exchange(port, post("/lean/x", b"a") + post("/lean/y", b"b"), until=2)
+        assert answer.startswith(b"HTTP/1.1 500") and b"connection: close" in answer.lower()
+        assert answer.count(b"HTTP/1.1 ") == 1  # closed: the pipelined request after it is not served
+
+    serve_lean(monkeypatch, broken, check)
+
+
+def test_a_lean_endpoint_asking_to_close_closes_and_a_stream_is_chunked(monkeypatch):
+    async def streaming(scope, receive, send):  # type: ignore[no-untyped-def]
+        await receive()
+        headers = [(b"content-type", b"text/event-stream"), (b"connection", b"close")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for part in (b"data: 1\n\n", b"data: 2\n\n"):
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def check(port: int) -> None:
+        answer = raw_exchange(port, post("/lean/s", b"{}") + post("/lean/t", b"{}"), until=2)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert b"transfer-encoding: chunked" in head and head.count(b"connection: close") == 1
+        assert body == b"9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n0\r\n\r\n"  # and then closed
+
+    serve_lean(monkeypatch, streaming, check)
+
+
+def test_a_lean_endpoint_hears_the_client_go_away_while_it_waits(monkeypatch):
+    heard: list[str] = []
+
+    async def waiting(scope, receive, send):  # type: ignore[no-untyped-def]
+        await receive()  # the body
+        heard.append((await receive())["type"])  # then: nothing until the client goes
+
+    def check(port: int) -> None:
+        import time
+
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(post("/lean/w", b"{}"))
+            time.sleep(0.2)
+        for _ in range(100):
+            if heard:
+                break
+            time.sleep(0.02)
+
+    serve_lean(monkeypatch, waiting, check)
+    assert heard == ["http.disconnect"]
