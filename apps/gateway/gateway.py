@@ -355,7 +355,11 @@ class Gateway:
             if response.status >= 400:
                 text = (await response.read()).decode(errors="replace")
                 raise BackendAnswered(response.status, _backend_message(text))
-            named = json.dumps(call.capability).encode()
+            named = _NAMED.get(call.capability)
+            if named is None:
+                if len(_NAMED) > 10_000:  # capabilities come and go
+                    _NAMED.clear()
+                named = _NAMED[call.capability] = json.dumps(call.capability).encode()
             content_type = response.content_type()
             headers = [
                 (b"content-type", content_type),
@@ -482,6 +486,8 @@ def model_object(table: Table, name: str) -> dict[str, Any]:
 
 # `"model": "<anything>"` in JSON: a string's own quotes are escaped inside it, so this matches keys only.
 _MODEL_FIELD = re.compile(rb'"model"\s*:\s*"(?:[^"\\]|\\.)*"')
+# A capability's name as a JSON string, made once per capability (every answer names its model).
+_NAMED: dict[str, bytes] = {}
 # A non-streamed answer is gathered to name its model up to this size; a larger one passes as it comes.
 RENAME_AT_MOST = 16 * 2**20
 

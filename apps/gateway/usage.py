@@ -48,14 +48,26 @@ BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 
 BUCKET_LABELS = (*(str(bound) for bound in BUCKETS), "inf")
 
 
-class Meter:
-    """This process's counts since the last flush."""
+# A pending row's fields (``Meter.record``): one list of integers per credential, project, capability and
+# backend between two folds, so a request adds to a few list items instead of making a dozen string keys.
+_REQUESTS, _ERRORS, _LIMITED, _UNMETERED, _METERED, _PROMPT, _COMPLETION = range(7)
+_TTFT_MS, _TTFT_COUNT, _TTFT_SUM_US, _LATENCY_MS, _LATENCY_SUM_US = range(7, 12)
+_TTFT_LE = 12
+_LATENCY_LE = _TTFT_LE + len(BUCKET_LABELS)
+_ROW = _LATENCY_LE + len(BUCKET_LABELS)
 
-    __slots__ = ("counts", "totals")
+
+class Meter:
+    """This process's counts since the last flush: ``counts`` per credential, project, capability and
+    backend, ``totals`` per capability and backend (Counters of ``SEP``-joined fields). A request adds to
+    its row of integers; the rows become fields when the counts are read (``take``, once a second)."""
+
+    __slots__ = ("_counts", "_rows", "_totals")
 
     def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
-        self.totals: Counter[str] = Counter()
+        self._counts: Counter[str] = Counter()
+        self._totals: Counter[str] = Counter()
+        self._rows: dict[tuple[str, str, str, str], list[int]] = {}
 
     def record(
         self,
@@ -69,51 +81,88 @@ class Meter:
         latency_s: float,
         limited: bool = False,
     ) -> None:
-        prefix = f"{credential}{SEP}{project}{SEP}{capability}{SEP}{backend}{SEP}"
-        total = f"{capability}{SEP}{backend}{SEP}"
-        counts, totals = self.counts, self.totals
-        counts[prefix + "requests"] += 1
-        totals[total + "requests"] += 1
+        key = (credential, project, capability, backend)
+        row = self._rows.get(key)
+        if row is None:
+            row = self._rows[key] = [0] * _ROW
+        row[_REQUESTS] += 1
         if status >= 400:
-            counts[prefix + "errors"] += 1
-            totals[total + "errors"] += 1
+            row[_ERRORS] += 1
             if limited:
-                totals[total + "limited"] += 1
+                row[_LIMITED] += 1
         elif usage is None:
-            counts[prefix + "unmetered"] += 1
+            row[_UNMETERED] += 1
         if usage is not None:
-            counts[prefix + "prompt_tokens"] += usage[0]
-            counts[prefix + "completion_tokens"] += usage[1]
-            totals[total + "prompt_tokens"] += usage[0]
-            totals[total + "completion_tokens"] += usage[1]
+            row[_METERED] += 1
+            row[_PROMPT] += usage[0]
+            row[_COMPLETION] += usage[1]
         if ttft_s is not None:
-            counts[prefix + "ttft_ms"] += round(ttft_s * 1000)
-            counts[prefix + "ttft_count"] += 1
-            totals[f"{total}ttft_le_{_bucket(ttft_s)}"] += 1
-            totals[total + "ttft_sum_us"] += round(ttft_s * 1e6)
-        counts[prefix + "latency_ms"] += round(latency_s * 1000)
-        totals[f"{total}latency_le_{_bucket(latency_s)}"] += 1
-        totals[total + "latency_sum_us"] += round(latency_s * 1e6)
+            row[_TTFT_MS] += round(ttft_s * 1000)
+            row[_TTFT_COUNT] += 1
+            row[_TTFT_LE + bisect.bisect_left(BUCKETS, ttft_s)] += 1
+            row[_TTFT_SUM_US] += round(ttft_s * 1e6)
+        row[_LATENCY_MS] += round(latency_s * 1000)
+        row[_LATENCY_LE + bisect.bisect_left(BUCKETS, latency_s)] += 1
+        row[_LATENCY_SUM_US] += round(latency_s * 1e6)
+
+    def _fold(self) -> None:
+        """The pending rows into the Counters, as fields (a field is there when what it counts happened)."""
+        rows, self._rows = self._rows, {}
+        counts, totals = self._counts, self._totals
+        for (credential, project, capability, backend), row in rows.items():
+            prefix = f"{credential}{SEP}{project}{SEP}{capability}{SEP}{backend}{SEP}"
+            total = f"{capability}{SEP}{backend}{SEP}"
+            counts[prefix + "requests"] += row[_REQUESTS]
+            totals[total + "requests"] += row[_REQUESTS]
+            if row[_ERRORS]:
+                counts[prefix + "errors"] += row[_ERRORS]
+                totals[total + "errors"] += row[_ERRORS]
+            if row[_LIMITED]:
+                totals[total + "limited"] += row[_LIMITED]
+            if row[_UNMETERED]:
+                counts[prefix + "unmetered"] += row[_UNMETERED]
+            if row[_METERED]:
+                counts[prefix + "prompt_tokens"] += row[_PROMPT]
+                counts[prefix + "completion_tokens"] += row[_COMPLETION]
+                totals[total + "prompt_tokens"] += row[_PROMPT]
+                totals[total + "completion_tokens"] += row[_COMPLETION]
+            if row[_TTFT_COUNT]:
+                counts[prefix + "ttft_ms"] += row[_TTFT_MS]
+                counts[prefix + "ttft_count"] += row[_TTFT_COUNT]
+                totals[total + "ttft_sum_us"] += row[_TTFT_SUM_US]
+            counts[prefix + "latency_ms"] += row[_LATENCY_MS]
+            totals[total + "latency_sum_us"] += row[_LATENCY_SUM_US]
+            for i, label in enumerate(BUCKET_LABELS):
+                if row[_TTFT_LE + i]:
+                    totals[f"{total}ttft_le_{label}"] += row[_TTFT_LE + i]
+                if row[_LATENCY_LE + i]:
+                    totals[f"{total}latency_le_{label}"] += row[_LATENCY_LE + i]
+
+    @property
+    def counts(self) -> Counter[str]:
+        self._fold()
+        return self._counts
+
+    @property
+    def totals(self) -> Counter[str]:
+        self._fold()
+        return self._totals
 
     def queue_refused(self, capability: str, code: str) -> None:
         """A request refused by admission (``QUEUE_FULL``, ``QUEUE_TIMEOUT``): one increment, flushed with
         the totals to Redis, so /metrics adds up every web process's."""
-        self.totals[f"{capability}{SEP}{code}{SEP}{QUEUE_REFUSALS}"] += 1
+        self._totals[f"{capability}{SEP}{code}{SEP}{QUEUE_REFUSALS}"] += 1
 
     def take(self) -> tuple[Counter[str], Counter[str]]:
-        counts, self.counts = self.counts, Counter()
-        totals, self.totals = self.totals, Counter()
+        self._fold()
+        counts, self._counts = self._counts, Counter()
+        totals, self._totals = self._totals, Counter()
         return counts, totals
 
     def put_back(self, counts: Counter[str], totals: Counter[str]) -> None:
         """Counts a flush could not write (Redis away): kept for the next one."""
-        self.counts.update(counts)
-        self.totals.update(totals)
-
-
-def _bucket(seconds: float) -> str:
-    """The histogram bucket a time falls in: its upper bound, or ``inf``."""
-    return BUCKET_LABELS[bisect.bisect_left(BUCKETS, seconds)]
+        self._counts.update(counts)
+        self._totals.update(totals)
 
 
 def tokens_per_credential(counts: Counter[str]) -> Counter[str]:

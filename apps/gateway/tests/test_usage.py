@@ -209,3 +209,50 @@ def test_an_answer_s_usage_is_read_from_its_object_only():
     assert usage_in(b'{"usage": null, "choices": []}') is None
     assert usage_in(b'{"content": "no usage here"}') is None
     assert usage_in(b'{"usage": {"prompt_tokens": -1}}') is None
+
+
+def test_the_meter_counts_each_field_only_for_what_happened_and_adds_up_across_credentials():
+    from apps.gateway.usage import Meter
+
+    meter = Meter()
+    meter.record("c1", "p", "chat@1", "a", 200, (3, 4), 0.02, 0.3)  # a metered stream
+    meter.record("c1", "p", "chat@1", "a", 200, None, None, 0.0004)  # unmetered, not streamed
+    meter.record("c2", "", "chat@1", "a", 429, None, None, 0.001, limited=True)  # refused by its limits
+    meter.record("c2", "", "chat@1", "a", 200, (0, 0), None, 0.07)  # metered at zero tokens: still metered
+    meter.queue_refused("chat@1", "QUEUE_FULL")
+    one, two = f"c1{SEP}p{SEP}chat@1{SEP}a{SEP}", f"c2{SEP}{SEP}chat@1{SEP}a{SEP}"
+    assert dict(meter.counts) == {
+        one + "requests": 2,
+        one + "unmetered": 1,
+        one + "prompt_tokens": 3,
+        one + "completion_tokens": 4,
+        one + "ttft_ms": 20,
+        one + "ttft_count": 1,
+        one + "latency_ms": 300,  # 300 + round(0.4)
+        two + "requests": 2,
+        two + "errors": 1,
+        two + "prompt_tokens": 0,
+        two + "completion_tokens": 0,
+        two + "latency_ms": 71,
+    }
+    total = f"chat@1{SEP}a{SEP}"
+    assert dict(meter.totals) == {
+        total + "requests": 4,
+        total + "errors": 1,
+        total + "limited": 1,
+        total + "prompt_tokens": 3,
+        total + "completion_tokens": 4,
+        total + "ttft_sum_us": 20_000,
+        total + "ttft_le_0.025": 1,
+        total + "latency_sum_us": 300_000 + 400 + 1_000 + 70_000,
+        total + "latency_le_0.005": 2,
+        total + "latency_le_0.1": 1,
+        total + "latency_le_0.5": 1,
+        f"chat@1{SEP}QUEUE_FULL{SEP}queue_refusals": 1,
+    }
+    meter.record("c1", "p", "chat@1", "a", 200, (1, 1), None, 0.001)  # after a read: added to the same
+    counts, totals = meter.take()
+    assert counts[one + "requests"] == 3 and totals[total + "requests"] == 5
+    assert not meter.counts and not meter.totals
+    meter.put_back(counts, totals)  # a flush that failed keeps them for the next
+    assert meter.take() == (counts, totals)
