@@ -86,10 +86,52 @@ class CoalescingTransport:
 
 
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-    """``HttpToolsProtocol`` over a ``CoalescingTransport``."""
+    """``HttpToolsProtocol`` over a ``CoalescingTransport``, with one keep-alive timer per connection.
+
+    uvicorn arms a timer when a response completes and cancels it when the next request's bytes arrive:
+    a timer made and dropped per request. Here a connection's timer, once armed, stays: when it fires it
+    closes the connection if it has been idle for the keep-alive timeout since its last response, and
+    otherwise sets itself for the time left (or, busy, waits for the next response to arm it again)."""
+
+    _idle_since: float | None = None  # (loop time) since the last response completed; None: busy
+    _keep_alive_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self._keep_alive_timer is not None:
+            self._keep_alive_timer.cancel()
+            self._keep_alive_timer = None
+
+    def _unset_keepalive_if_required(self) -> None:
+        self._idle_since = None  # busy: the timer, if armed, finds it so and stands down
+
+    def on_response_complete(self) -> None:
+        # uvicorn's, with the timer above instead of a new one per response.
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            self._idle_since = None
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_since = self.loop.time()
+        if self._keep_alive_timer is None:
+            self._keep_alive_timer = self.loop.call_later(self.timeout_keep_alive, self._keep_alive_check)
+
+    def _keep_alive_check(self) -> None:
+        self._keep_alive_timer = None
+        if self._idle_since is None or self.transport.is_closing():
+            return
+        left = self._idle_since + self.timeout_keep_alive - self.loop.time()
+        if left > 0:
+            self._keep_alive_timer = self.loop.call_later(left, self._keep_alive_check)
+        else:
+            self.timeout_keep_alive_handler()
 
     def on_headers_complete(self) -> None:
         handler = _lean_handler(self)

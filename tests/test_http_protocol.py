@@ -37,7 +37,7 @@ def test_head_and_body_written_in_one_turn_reach_the_socket_in_one_send_in_order
     run_in_own_loop(main)
 
 
-def serve_with_our_protocol(app, body_check) -> None:  # type: ignore[no-untyped-def]
+def serve_with_our_protocol(app, body_check, **options) -> None:  # type: ignore[no-untyped-def]
     """Run ``app`` under uvicorn with the web worker's protocol on a real port; ``body_check(port)`` runs
     in a thread while the server answers."""
     import threading
@@ -48,7 +48,13 @@ def serve_with_our_protocol(app, body_check) -> None:  # type: ignore[no-untyped
 
     async def main() -> None:
         config = uvicorn.Config(
-            app, host="127.0.0.1", port=0, http=CoalescingHttpToolsProtocol, lifespan="off", log_level="error"
+            app,
+            host="127.0.0.1",
+            port=0,
+            http=CoalescingHttpToolsProtocol,
+            lifespan="off",
+            log_level="error",
+            **options,
         )
         server = uvicorn.Server(config)
         serving = asyncio.ensure_future(server.serve())
@@ -358,3 +364,36 @@ def test_a_lean_endpoint_hears_the_client_go_away_while_it_waits(monkeypatch):
 
     serve_lean(monkeypatch, waiting, check)
     assert heard == ["http.disconnect"]
+
+
+def test_an_idle_connection_is_closed_after_the_keep_alive_timeout_and_a_busy_one_is_not():
+    import time
+
+    async def slow(scope, receive, send):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(float(scope["query_string"] or 0))
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    def ask(sock: socket.socket, wait: float) -> bytes:
+        sock.sendall(b"GET /?%.2f HTTP/1.1\r\nhost: x\r\n\r\n" % wait)
+        answer = b""
+        while not answer.endswith(b"ok"):
+            chunk = sock.recv(1024)
+            if not chunk:
+                return answer
+            answer += chunk
+        return answer
+
+    def check(port: int) -> None:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            # Requests closer together than the timeout, and one that takes longer than it to answer:
+            # the connection is never idle for 0.4 s, so it stays.
+            for wait in (0.0, 0.6, 0.0):
+                assert ask(sock, wait).startswith(b"HTTP/1.1 200")
+                time.sleep(0.25)
+            assert ask(sock, 0.0).startswith(b"HTTP/1.1 200")
+            started = time.monotonic()
+            assert sock.recv(1024) == b""  # idle: closed by the server
+            assert 0.3 < time.monotonic() - started < 1.5
+
+    serve_with_our_protocol(slow, check, timeout_keep_alive=0.4)
