@@ -35,7 +35,7 @@ import math
 import os
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -56,6 +56,22 @@ class Limits:
     max_concurrent: int | None = None
     tokens_per_day: int | None = None
     tokens_per_month: int | None = None
+    # Its hash, made once: a limited call looks its credit up by (credential, limits), and a dataclass's
+    # own __hash__ builds and hashes a tuple of the fields in Python at every look-up.
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
+
+    def __post_init__(self) -> None:
+        fields = (
+            self.requests_per_minute,
+            self.tokens_per_minute,
+            self.max_concurrent,
+            self.tokens_per_day,
+            self.tokens_per_month,
+        )
+        object.__setattr__(self, "_hash", hash(fields))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def any(self) -> bool:
         return any(
