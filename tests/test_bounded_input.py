@@ -592,6 +592,29 @@ def test_a_body_declared_beyond_the_drain_bound_is_refused_at_once_and_the_conne
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.stack
+@pytest.mark.parametrize("path", [HEARTBEAT, "/v1/chat/completions"])
+def test_a_kept_alive_connection_declaring_a_body_beyond_the_drain_bound_is_answered_and_closed(
+    live_web, path
+):
+    # The client asks to keep the connection and sends none of the body it declared: the server answers
+    # at once and closes, rather than reading (and throwing away) whatever length was declared.
+    host, port = live_web.url.removeprefix("http://").split(":")
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer mfn_nobody\r\nContent-Length: {DRAIN_BYTES * 64}\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head.encode())
+        answer = b""
+        while chunk := sock.recv(65536):  # ends only when the server closes (a timeout fails the test)
+            answer += chunk
+    status, headers, body = envelope_of(answer)
+    assert (status, body["code"]) == (413, "PAYLOAD_TOO_LARGE")
+    assert headers["connection"] == "close"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.stack
 def test_urllib_sees_the_413_envelope_for_a_10_mb_heartbeat(live_web):
     import urllib.error
     import urllib.request

@@ -167,8 +167,12 @@ class Gateway:
             raise Refusal(405, error_codes.METHOD_NOT_ALLOWED, "Use POST.", {"allow": "POST"})
         try:
             body = await read_bounded_body(receive, headers)
-        except BodyTooLarge:
-            raise Refusal(413, error_codes.PAYLOAD_TOO_LARGE, error_codes.DEFAULT_MESSAGES[413]) from None
+        except BodyTooLarge as exc:
+            # A body it did not drain: the answer closes the connection (else the server would go on
+            # reading, and throwing away, whatever length the client declared).
+            raise Refusal(
+                413, error_codes.PAYLOAD_TOO_LARGE, error_codes.DEFAULT_MESSAGES[413], exc.headers
+            ) from None
         # The request's shape, before the credential and before any backend: a body the engine cannot
         # take never reaches it (an engine's 5xx counts towards the sin-bin). See apps/gateway/shapes.py.
         too_deep, nul = scan_json(body)
