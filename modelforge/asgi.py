@@ -8,6 +8,7 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "modelforge.settings")
 
 from modelforge import lean
+from modelforge.http_protocol import handler_for
 from modelforge.startup import run_entry_checks
 
 # Refuses (exit 3) on bad configuration or an incompatible database, even when gunicorn is started
@@ -23,15 +24,10 @@ EXACT, PREFIXES = lean.routes()
 
 async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """A path an app mounted a lean endpoint at goes to it (an exact path first, then the longest
-    prefix); the rest to Django. Inline rather than a call: one dict lookup, a startswith per prefix."""
+    prefix); the rest to Django. (A plain POST to a lean endpoint is dispatched before this, by the web
+    worker's protocol: modelforge/http_protocol.py.)"""
     if scope["type"] == "http":
-        path = scope["path"]
-        handler = EXACT.get(path)
-        if handler is None:
-            for prefix, candidate in PREFIXES:
-                if path.startswith(prefix):
-                    handler = candidate
-                    break
+        handler = handler_for(scope["path"], EXACT, PREFIXES)
         if handler is not None:
             await handler(scope, receive, send)
             return

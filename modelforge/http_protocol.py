@@ -262,6 +262,19 @@ class ZeroCopySend:
 _LEAN: tuple[dict[str, Any], tuple[tuple[str, Any], ...]] | None = None
 
 
+def handler_for(path: str, exact: dict[str, Any], prefixes: tuple[tuple[str, Any], ...]) -> Any:
+    """The lean endpoint ``modelforge.lean.routes()``'s table mounts at ``path`` (an exact path first,
+    then the longest prefix), or None. Here, beside the protocol that dispatches a plain POST with it,
+    rather than in modelforge.lean: this module is loaded before Django is set up; the entry point
+    (modelforge.asgi) dispatches the other requests with it."""
+    handler = exact.get(path)
+    if handler is None:
+        for prefix, candidate in prefixes:
+            if path.startswith(prefix):
+                return candidate
+    return handler
+
+
 def _lean_handler(protocol: HttpToolsProtocol) -> Any:
     """The lean endpoint (modelforge.lean) a plain POST goes to, or None: uvicorn's own cycle then."""
     global _LEAN
@@ -285,15 +298,9 @@ def _lean_handler(protocol: HttpToolsProtocol) -> Any:
 
         _LEAN = (asgi.EXACT, asgi.PREFIXES)
     path = url.decode("ascii")
-    exact, prefixes = _LEAN
-    handler = exact.get(path)
+    handler = handler_for(path, *_LEAN)
     if handler is None:
-        for prefix, candidate in prefixes:
-            if path.startswith(prefix):
-                handler = candidate
-                break
-        else:
-            return None
+        return None
     scope = protocol.scope
     scope["method"] = "POST"
     scope["path"] = path
@@ -402,9 +409,7 @@ class LeanCycle:
             return
         if not self.response_started:
             if message["type"] != "http.response.start":
-                raise RuntimeError(
-                    f"Expected ASGI message 'http.response.start', but got '{message['type']}'."
-                )
+                raise RuntimeError(f"Expected 'http.response.start', got '{message['type']}'.")
             self.response_started = True
             headers = message.get("headers", ())
             names = b"".join(name for name, _ in headers)
@@ -439,9 +444,7 @@ class LeanCycle:
             self.transport.write(b"".join(content))
             return
         if self.response_complete:
-            raise RuntimeError(
-                f"Unexpected ASGI message '{message['type']}' sent, after response already completed."
-            )
+            raise RuntimeError(f"'{message['type']}' sent after the response completed.")
         if message["type"] != "http.response.body":
             raise RuntimeError(f"Expected 'http.response.body', got '{message['type']}'.")
         body = message.get("body", b"")
