@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -147,6 +148,29 @@ def process_stopped(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "T"
     except OSError:
         return False
+
+
+def stop_servers_of_agent(state: Path) -> int:
+    """Kill the model servers an agent with state volume ``state`` started and left behind (they run in
+    sessions of their own, so an agent killed, frozen or stopped mid-test does not take them along); a
+    test's teardown calls it after stopping the agent. Returns how many it killed."""
+    marker = f"MODELFORGE_AGENT_STATE_VOLUME={state}".encode()
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone, or not ours to read
+        if marker in environ:
+            try:
+                os.killpg(int(entry.name), signal.SIGKILL)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.kill(int(entry.name), signal.SIGKILL)
+            killed += 1
+    return killed
 
 
 def run_in_own_loop(main: Callable[[], Any]) -> Any:

@@ -30,7 +30,15 @@ from apps.nodes.models import EnrollmentToken, Node
 from apps.servers import recovery
 from apps.servers.models import ModelServer
 from apps.servers.tasks import reconcile
-from tests.fixtures import PYTHON, RunningProcess, agent_environment, start_process, sweep_until, wait_until
+from tests.fixtures import (
+    PYTHON,
+    RunningProcess,
+    agent_environment,
+    start_process,
+    stop_servers_of_agent,
+    sweep_until,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
 
@@ -61,6 +69,8 @@ def three_agents(live_web, tmp_path: Path) -> Iterator[dict[str, RunningProcess]
             os.kill(agent.process.pid, signal.SIGCONT)
             os.killpg(agent.process.pid, signal.SIGTERM)
             agent.process.wait(20)
+    for name in agents:
+        stop_servers_of_agent(tmp_path / name / "state")  # the engines an agent killed mid-test left running
 
 
 def place(operator_client, name: str, node: str | None = None) -> None:

@@ -15,7 +15,14 @@ from django.conf import settings
 
 from apps.nodes.models import EnrollmentToken, Node
 from apps.servers.models import ModelServer
-from tests.fixtures import PYTHON, agent_environment, start_process, sweep_until, wait_until
+from tests.fixtures import (
+    PYTHON,
+    agent_environment,
+    start_process,
+    stop_servers_of_agent,
+    sweep_until,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
 
@@ -44,6 +51,7 @@ def agent_node(live_web, tmp_path):
     if agent.process.poll() is None:
         os.killpg(agent.process.pid, signal.SIGTERM)
         agent.process.wait(20)
+    stop_servers_of_agent(tmp_path / "state")  # the engines an agent killed mid-test left running
 
 
 def state_of(name: str) -> str:
