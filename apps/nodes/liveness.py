@@ -43,9 +43,22 @@ WITH due AS (
     SELECT NULL, array_agg(id), %(kind)s, string_agg(DISTINCT from_state, ',' ORDER BY from_state),
            %(to_state)s, %(now)s, %(detail)s || ' (' || count(*) || ' nodes at once)'
     FROM moved HAVING (SELECT many FROM fleet)
+    RETURNING id, node_id
 )
-SELECT id::text, name FROM moved
+SELECT id::text, name, (SELECT count(*) FROM moved WHERE from_state = %(online)s),
+       (SELECT id FROM events WHERE node_id IS NULL)
+FROM moved
 """  # noqa: S608 -- table names are ours
+
+
+@dataclass
+class _Moved:
+    """What one transition moved: the nodes, how many of them were online, and its fleet event row (when
+    it moved many at once)."""
+
+    nodes: list[tuple[str, str]]
+    from_online: int = 0
+    fleet_event: int | None = None
 
 
 @dataclass
@@ -64,10 +77,11 @@ def _transition(
     now: datetime,
     detail: str,
     alive: int,
-) -> list[tuple[str, str]]:
+) -> _Moved:
     cursor.execute(
         _TRANSITION,
         {
+            "online": Liveness.ONLINE,
             "many_above": _many_above(alive),
             "from_states": from_states,
             "to_state": to_state,
@@ -79,7 +93,10 @@ def _transition(
     )
     # The ids come back as text: a whole fleet's worth of UUID objects, made here and turned back into
     # strings for the alerts, cost more than the statement's own work (bench/heartbeats).
-    return [(node_id, name) for node_id, name in cursor.fetchall()]
+    rows = cursor.fetchall()
+    if not rows:
+        return _Moved([])
+    return _Moved([(node_id, name) for node_id, name, _, _ in rows], rows[0][2], rows[0][3])
 
 
 # One pass over the nodes that can move, before any transition: what the mass-loss guard weighs, and
@@ -169,10 +186,12 @@ def sweep(now: datetime | None = None) -> SweepResult:
             # before the (shorter) stale limit.
             heard = not deaf and (since is None or since < stale_before)
             census = _census(cursor, clock, offline_before, stale_before) if heard else None
+            stale_due = census.stale_due if census is not None else 0
+            offline = _Moved([])
             if census is not None and (since is None or since < offline_before):
                 allowed = _guard_mass_loss(census, clock, offline_before, now)
                 if allowed is not None and census.offline_due:
-                    result.offline = _transition(
+                    offline = _transition(
                         cursor,
                         [Liveness.ONLINE, Liveness.STALE],
                         Liveness.OFFLINE,
@@ -181,7 +200,11 @@ def sweep(now: datetime | None = None) -> SweepResult:
                         f"no heartbeat for more than {settings.NODE_OFFLINE_AFTER} s",
                         census.alive,
                     )
-            if census is not None and census.stale_due:
+                    result.offline = offline.nodes
+                    # The online nodes it took were due for the stale transition too: with none left, that
+                    # transition is not run (over a whole fleet gone at once it scanned the table for none).
+                    stale_due -= offline.from_online
+            if census is not None and stale_due > 0:
                 result.stale = _transition(
                     cursor,
                     [Liveness.ONLINE],
@@ -190,7 +213,7 @@ def sweep(now: datetime | None = None) -> SweepResult:
                     now,
                     f"no heartbeat for more than {settings.NODE_STALE_AFTER} s",
                     census.alive,
-                )
+                ).nodes
         clock.save()
         alive = census.alive if census is not None else 0
         _raise(
@@ -218,7 +241,9 @@ def sweep(now: datetime | None = None) -> SweepResult:
         _clear_fleet_alerts(now)
         if result.offline:
             # Higher layers (model servers on those nodes) react in the same transaction.
-            nodes_went_offline.send(sender=sweep, nodes=result.offline, at=now)
+            # The fleet's event row names them all (``uuid[]``): a receiver reads the ids there rather than
+            # from 10,000 ids sent back as text, which PostgreSQL then parses one by one (bench/heartbeats).
+            nodes_went_offline.send(sender=sweep, nodes=result.offline, at=now, event=offline.fleet_event)
     return result
 
 

@@ -13,7 +13,8 @@ from apps.nodes import codes
 from apps.nodes.models import Node
 from modelforge.signals import web_worker_started
 
-# Sent by the liveness sweep with ``nodes=[(id, name), ...]`` that just went offline.
+# Sent by the liveness sweep with ``nodes=[(id, name), ...]`` that just went offline, and ``event``: the id of
+# the fleet's event row naming them all (its ``nodes`` column) when they went many at once, else None.
 nodes_went_offline = Signal()
 # Sent with ``at`` when the control plane's listening restarted (apps.nodes.listening): nodes that were
 # silent only while nobody listened count as heard again from now.

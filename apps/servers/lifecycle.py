@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from apps.nodes import agent_client
 from apps.nodes import codes as node_codes
-from apps.nodes.models import Node
+from apps.nodes.models import Node, NodeEvent
 from apps.nodes.signals import nodes_went_offline
 from apps.servers import codes
 from apps.servers.choices import ServerState
@@ -417,8 +417,9 @@ _MARK_OFFLINE = f"""
 WITH lost AS (
     UPDATE {ModelServer._meta.db_table} AS s
     SET state = 'failed', failure_code = %(code)s, failure_message = %(message)s, stopped_at = %(now)s
-    FROM (SELECT id, state FROM {ModelServer._meta.db_table}
-          WHERE node_id = ANY(%(nodes)s::uuid[]) AND state = ANY(%(live)s) FOR UPDATE) AS before
+    FROM (SELECT s.id, s.state FROM {ModelServer._meta.db_table} AS s
+          JOIN unnest({{nodes}}) AS gone(id) ON s.node_id = gone.id
+          WHERE s.state = ANY(%(live)s) FOR UPDATE OF s) AS before
     WHERE s.id = before.id
     RETURNING s.id, before.state AS was
 ), events AS (
@@ -429,24 +430,34 @@ WITH lost AS (
 )
 SELECT count(*) FROM lost
 """  # noqa: S608
+# The nodes: listed (their ids in one array literal), or named by the fleet's event row of a transition
+# that moved many at once (its ``nodes`` column, uuid[] already: no text to parse per id).
+_MARK_LISTED = _MARK_OFFLINE.format(nodes="%(nodes)s::uuid[]")
+_MARK_FLEET = _MARK_OFFLINE.format(
+    nodes=f"(SELECT nodes FROM {NodeEvent._meta.db_table} WHERE id = %(event)s)::uuid[]"  # noqa: S608
+)
 
 
 @receiver(nodes_went_offline)
-def mark_servers_of_offline_nodes(sender: Any, nodes: list[tuple[str, str]], at: datetime, **_: Any) -> int:
-    """A server whose node went offline is marked so, not silently kept running in the books."""
+def mark_servers_of_offline_nodes(
+    sender: Any, nodes: list[tuple[str, str]], at: datetime, event: int | None = None, **_: Any
+) -> int:
+    """A server whose node went offline is marked so, not silently kept running in the books. ``event``:
+    the fleet's event row naming ``nodes`` all, when they went offline many at once."""
+    params: dict[str, Any] = {
+        "code": codes.NODE_OFFLINE,
+        "message": "its node went offline; whether the process still runs is unknown",
+        "now": at,
+        "live": list(OFFLINE_SWEPT),
+    }
+    if event is not None:
+        statement, params["event"] = _MARK_FLEET, event
+    else:
+        # One array literal: a list of ids would cost the driver microseconds per id and PostgreSQL one
+        # parsed constant each.
+        statement, params["nodes"] = _MARK_LISTED, "{" + ",".join(str(node_id) for node_id, _ in nodes) + "}"
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            _MARK_OFFLINE,
-            {
-                "code": codes.NODE_OFFLINE,
-                "message": "its node went offline; whether the process still runs is unknown",
-                "now": at,
-                # One array literal: a list of ids would cost the driver microseconds per id and
-                # PostgreSQL one parsed constant each, after a whole fleet went offline.
-                "nodes": "{" + ",".join(str(node_id) for node_id, _ in nodes) + "}",
-                "live": list(OFFLINE_SWEPT),
-            },
-        )
+        cursor.execute(statement, params)
         (count,) = cursor.fetchone()
     if count:
         logger.warning("%s server(s) marked failed: their node went offline", count)

@@ -112,6 +112,39 @@ def test_an_online_node_silent_past_both_limits_goes_straight_to_offline(clock, 
     assert node.events.filter(from_liveness="online", to_liveness="offline").exists()
 
 
+def test_a_sweep_runs_no_stale_transition_when_the_offline_one_took_every_node_due_for_it(clock, settings):
+    """Online nodes silent past both limits go straight to offline; the stale transition, with nothing left
+    to move, is not run (over a whole fleet it scanned the node table for nothing)."""
+    nodes = []
+    for i in range(3):
+        node, credential = make_node(name=f"both-{i}")
+        beat(credential)
+        nodes.append(node)
+    lagging, lagging_credential = make_node(name="lagging")
+    beat(lagging_credential)
+    sweep()
+    settings.LISTENING_GAP = settings.NODE_OFFLINE_AFTER + 10  # a long sweep interval, not an outage
+    settings.LIVENESS_MASS_LOSS_MIN_NODES = 1000  # the guard is tested on its own
+    clock.shift(timedelta(seconds=settings.NODE_OFFLINE_AFTER - 30))
+    beat(lagging_credential)
+    clock.shift(timedelta(seconds=31))  # the three past both limits, "lagging" past neither
+
+    def transitions(queries: CaptureQueriesContext) -> list[str]:
+        return [q["sql"] for q in queries.captured_queries if "SET liveness" in q["sql"]]
+
+    with CaptureQueriesContext(connection) as queries:
+        result = sweep()
+    assert sorted(name for _, name in result.offline) == ["both-0", "both-1", "both-2"]
+    assert result.stale == [] and len(transitions(queries)) == 1
+    # With a node left past the stale limit only, the stale transition runs and moves it.
+    clock.shift(timedelta(seconds=settings.NODE_STALE_AFTER - 30))
+    with CaptureQueriesContext(connection) as queries:
+        result = sweep()
+    assert ([name for _, name in result.stale], result.offline) == (["lagging"], [])
+    assert len(transitions(queries)) == 1
+    assert [liveness(n) for n in nodes] == ["offline"] * 3 and liveness(lagging) == "stale"
+
+
 def test_pending_nodes_are_not_swept(clock, settings):
     node, _ = make_node()
     clock.shift(timedelta(days=1))
