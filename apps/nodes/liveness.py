@@ -35,18 +35,19 @@ WITH due AS (
     RETURNING n.id, n.name, due.liveness AS from_state
 ), fleet AS (
     SELECT count(*) > %(many_above)s AS many FROM moved
-), events AS (
+), node_events AS (
     INSERT INTO {NodeEvent._meta.db_table} (node_id, nodes, kind, from_liveness, to_liveness, at, detail)
     SELECT id, NULL, %(kind)s, from_state, %(to_state)s, %(now)s, %(detail)s
     FROM moved WHERE NOT (SELECT many FROM fleet)
-    UNION ALL
+), fleet_event AS (
+    INSERT INTO {NodeEvent._meta.db_table} (node_id, nodes, kind, from_liveness, to_liveness, at, detail)
     SELECT NULL, array_agg(id), %(kind)s, string_agg(DISTINCT from_state, ',' ORDER BY from_state),
            %(to_state)s, %(now)s, %(detail)s || ' (' || count(*) || ' nodes at once)'
     FROM moved HAVING (SELECT many FROM fleet)
-    RETURNING id, node_id
+    RETURNING id
 )
 SELECT id::text, name, (SELECT count(*) FROM moved WHERE from_state = %(online)s),
-       (SELECT id FROM events WHERE node_id IS NULL)
+       (SELECT id FROM fleet_event)
 FROM moved
 """  # noqa: S608 -- table names are ours
 
