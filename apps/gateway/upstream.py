@@ -318,7 +318,8 @@ class Upstream:
         # Written at the end of this turn of the loop rather than at once: requests that arrived together
         # are all read and routed before the first one wakes a backend sharing the core (the gateway
         # bench measured a few µs less CPU per request). A connection lost meanwhile is seen by ``wait``.
-        asyncio.get_running_loop().call_soon(_write_if_open, conn.transport, request)
+        # The connection's own loop: asyncio.get_running_loop() makes a getpid system call on CPython 3.11.
+        conn.loop.call_soon(_write_if_open, conn.transport, request)
         try:
             while not conn.head_done:
                 await conn.wait(self.read_timeout)
