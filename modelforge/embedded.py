@@ -27,6 +27,22 @@ class EmbeddedStackError(RuntimeError):
     """An embedded service could not be started; the message says which and where its log is."""
 
 
+def _running(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (exited, not yet reaped) has stopped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc here: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
 def _port_open(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.3)
@@ -249,8 +265,10 @@ class EmbeddedRedis:
             return
         os.kill(pid, 15)
         deadline = time.monotonic() + 10
-        while self.pid() is not None and time.monotonic() < deadline:
-            time.sleep(0.1)
+        # Redis removes its pid file on the way out, a moment before it exits: wait for the process itself
+        # (a start straight after would otherwise find the port still taken).
+        while (self.pid() is not None or _running(pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def _port(environ: os._Environ[str] | dict[str, str], name: str, default: int) -> int:
