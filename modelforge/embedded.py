@@ -27,22 +27,6 @@ class EmbeddedStackError(RuntimeError):
     """An embedded service could not be started; the message says which and where its log is."""
 
 
-def _running(pid: int) -> bool:
-    """True while ``pid`` runs; a zombie (exited, not yet reaped) has stopped."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc here: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
-
 def _port_open(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.3)
@@ -50,7 +34,8 @@ def _port_open(port: int) -> bool:
 
 
 def alive(pid: int) -> bool:
-    """True while ``pid`` runs; a zombie (dead, not yet reaped) does not count."""
+    """True while ``pid``, a process of this user's (or any, as root), runs; a zombie (dead, not yet
+    reaped) does not count. The embedded stack and the benches' drills share it."""
     try:
         os.kill(pid, 0)
     except OSError:
@@ -267,7 +252,7 @@ class EmbeddedRedis:
         deadline = time.monotonic() + 10
         # Redis removes its pid file on the way out, a moment before it exits: wait for the process itself
         # (a start straight after would otherwise find the port still taken).
-        while (self.pid() is not None or _running(pid)) and time.monotonic() < deadline:
+        while (self.pid() is not None or alive(pid)) and time.monotonic() < deadline:
             time.sleep(0.05)
 
 

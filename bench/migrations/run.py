@@ -66,11 +66,10 @@ from bench.recovery.scenario import (
     create_database,
     drop_databases,
     free_port,
-    pid_alive,
     spawn,
     wait_for,
 )
-from modelforge.embedded import EmbeddedStack
+from modelforge.embedded import EmbeddedStack, alive
 
 SOURCE, TARGET = "rag.embedding@1", "rag.embedding@2"
 SOURCE_MODEL, SOURCE_DIMENSION = "enc-a-8d", 8
@@ -334,7 +333,7 @@ class Stack:
             if child is not None:
                 child.stop()
         for pid in set(engine_pids):
-            if pid_alive(pid):
+            if alive(pid):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGTERM)
         with contextlib.suppress(redis.RedisError):

@@ -58,6 +58,7 @@ import redis
 from psycopg import sql
 
 from agent.protocol import signed_headers
+from modelforge.embedded import alive
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -362,16 +363,6 @@ def running_processes(agents: list[Agent], secret: str) -> dict[str, int]:
     return out
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 # --- the drill ------------------------------------------------------------------------------------------
 
 
@@ -588,7 +579,7 @@ def run_scenario(
         plane.stop()
         # Engines stop with their agent; one left behind (an agent killed) is stopped by its pid.
         for pid in engines:
-            if pid_alive(pid):
+            if alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGTERM)
         with contextlib.suppress(redis.RedisError):
@@ -767,7 +758,7 @@ def _drive(
     flight = in_flight(calls, switched_at)
     flight_window = in_flight(calls, *window)
     api_calls = api.calls + watcher.calls
-    stopped = sorted(sid for sid, pid in before.items() if after.get(sid) != pid or not pid_alive(pid))
+    stopped = sorted(sid for sid, pid in before.items() if after.get(sid) != pid or not alive(pid))
 
     def count(query: str) -> int:
         return int(_query(database_url, query, datetime.fromtimestamp(since).astimezone())[0][0])
