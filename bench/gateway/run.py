@@ -56,6 +56,23 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / TICKS
 
 
+def switches(pids: list[int]) -> int:
+    """Context switches of ``pids`` so far, voluntary and involuntary (every thread's, from /proc)."""
+    total = 0
+    for pid in pids:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                status = Path(f"/proc/{pid}/task/{task}/status").read_text()
+            except OSError:
+                continue
+            total += sum(int(line.split()[1]) for line in status.splitlines() if "ctxt_switches:" in line)
+    return total
+
+
 def group_pids(leader: int) -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit() and _pgid(int(p)) == leader]
 
@@ -131,6 +148,12 @@ def main() -> int:
         "script, none is refused), in the same run as the rows without",
     )
     parser.add_argument(
+        "--backend-batch",
+        action="store_true",
+        help="diagnostic, not the bench's figure: run the backend SCHED_BATCH, so its wake-ups do not "
+        "preempt the gateway on their shared core (shows what the two processes' context switching costs)",
+    )
+    parser.add_argument(
         "--redis-commands",
         action="store_true",
         help="print how many of each Redis command the run made (EVALSHA: the limit script's calls)",
@@ -183,6 +206,8 @@ def main() -> int:
                 start_new_session=True,
             )
             processes.append(backend)
+            if args.backend_batch:  # taskset execs the backend: this pid is uvicorn's own
+                os.sched_setscheduler(backend.pid, os.SCHED_BATCH, os.sched_param(0))
             gateway = start_web(env, gateway_port)
             processes.append(gateway)
             wait_http(f"http://127.0.0.1:{backend_port}/health")
@@ -203,6 +228,9 @@ def main() -> int:
                     for target, base, auth in targets:
                         before = cpu_seconds(group_pids(gateway.pid))
                         redis_before = cpu_seconds([redis_pid])
+                        backend_before = cpu_seconds([backend.pid])
+                        core0 = [backend.pid, *group_pids(gateway.pid)]
+                        switched_before = switches(core0)
                         sampler = None
                         profiled = "gateway+limits" if args.profile_limits else "gateway"
                         if args.profile and target == profiled and not rows:
@@ -217,11 +245,17 @@ def main() -> int:
                         if sampler is not None:
                             sampler.wait(30)
                         used = cpu_seconds(group_pids(gateway.pid)) - before
-                        result[target] = (measured, used, cpu_seconds([redis_pid]) - redis_before)
-                    d = result["direct"][0]
+                        result[target] = (
+                            measured,
+                            used,
+                            cpu_seconds([redis_pid]) - redis_before,
+                            cpu_seconds([backend.pid]) - backend_before,
+                            switches(core0) - switched_before,
+                        )
+                    d, _, _, d_backend, d_switches = result["direct"]
                     rps_d = d["requests"] / d["seconds"]
                     for target in [t for t, _, _ in targets if t != "direct"]:
-                        g, g_cpu, redis_cpu = result[target]
+                        g, g_cpu, redis_cpu, g_backend, g_switches = result[target]
                         rows.append(
                             (
                                 workload if target == "gateway" else f"{workload} (limits)",
@@ -234,6 +268,10 @@ def main() -> int:
                                 g["p99_us"],
                                 g_cpu / max(g["requests"], 1) * 1e6,
                                 redis_cpu / max(g["requests"], 1) * 1e6,
+                                d_backend / max(d["requests"], 1) * 1e6,
+                                g_backend / max(g["requests"], 1) * 1e6,
+                                d_switches / max(d["requests"], 1),
+                                g_switches / max(g["requests"], 1),
                                 d["errors"] + g["errors"],
                             )
                         )
@@ -246,15 +284,18 @@ def main() -> int:
                 print("Redis commands in the run (with the script's own):", dict(sorted(calls.items())))
             print(
                 "| workload | conns | direct rps | gateway rps | direct p50 | gateway p50 | added p50 | "
-                "gateway p99 | gateway CPU/req | Redis CPU/req | errors |"
+                "gateway p99 | gateway CPU/req | Redis CPU/req | backend CPU/req | core-0 switches/req | "
+                "errors |"
             )
-            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-            for w, n, rd, rg, pd, pg, _qd, qg, cpu, rcpu, errs in rows:
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+            for w, n, rd, rg, pd, pg, _qd, qg, cpu, rcpu, bd, bg, sd, sg, errs in rows:
                 print(
                     f"| {w} | {n} | {rd:,.0f} | {rg:,.0f} | {pd / 1000:.2f} ms | {pg / 1000:.2f} ms | "
                     f"{(pg - pd) / 1000:+.2f} ms | {qg / 1000:.2f} ms | {cpu:,.0f} µs | {rcpu:,.0f} µs | "
-                    f"{errs} |"
+                    f"{bd:,.0f} → {bg:,.0f} µs | {sd:.2f} → {sg:.2f} | {errs} |"
                 )
+            if args.backend_batch:
+                print("\n(diagnostic: the backend ran SCHED_BATCH; these are not the bench's figures)")
             if "stream" in workloads:
                 path, body = BODIES["stream"]
                 ttfc_d = first_chunk_ms(direct + path, body, "")
