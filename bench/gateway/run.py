@@ -226,10 +226,11 @@ def main() -> int:
                     if args.limits:
                         targets.append(("gateway+limits", through, limited_key))
                     for target, base, auth in targets:
-                        before = cpu_seconds(group_pids(gateway.pid))
+                        gateway_pids = group_pids(gateway.pid)
+                        before = cpu_seconds(gateway_pids)
                         redis_before = cpu_seconds([redis_pid])
                         backend_before = cpu_seconds([backend.pid])
-                        core0 = [backend.pid, *group_pids(gateway.pid)]
+                        core0 = [backend.pid, *gateway_pids]
                         switched_before = switches(core0)
                         sampler = None
                         profiled = "gateway+limits" if args.profile_limits else "gateway"
