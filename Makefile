@@ -70,7 +70,8 @@ test-engines: engines browser
 	MODELFORGE_TEST_ENGINES=1 $(BIN)/python -m modelforge.devstack test -m engine $(PYTEST_ARGS)
 
 lint: install
-	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy modelforge apps agent
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy modelforge apps agent \
+		&& $(BIN)/mypy --explicit-package-bases bench
 
 services-up: install
 	@$(BIN)/python -m modelforge.devstack up

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +123,7 @@ def route_to_backends(
         accelerator="cpu",
         credential_hash=digest("bench-node"),
         liveness="online",
-        last_heartbeat_at=timezone.now() + timezone.timedelta(days=1),
+        last_heartbeat_at=timezone.now() + timedelta(days=1),
         agent_url=f"http://{host}:1",
     )
     cluster = Cluster.objects.create(name="bench", **({"algorithm": algorithm} if algorithm else {}))

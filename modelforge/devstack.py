@@ -755,6 +755,9 @@ def test(pytest_args: list[str]) -> int:
             ["ruff", [str(bin_dir / "ruff"), "check", "."]],
             ["ruff format", [str(bin_dir / "ruff"), "format", "--check", "."]],
             ["mypy", [str(bin_dir / "mypy"), "modelforge", "apps", "agent"]],
+            # The benches' scripts share names (run.py) and import their folder's neighbours by path, so they
+            # are checked apart, each named by its path from the root (bench.gateway.run).
+            ["mypy bench", [str(bin_dir / "mypy"), "--explicit-package-bases", "bench"]],
             ["manage.py check", [PYTHON, "manage.py", "check", "--fail-level", "WARNING"]],
             ["makemigrations --check", [PYTHON, "manage.py", "makemigrations", "--check", "--dry-run"]],
             ["pytest", [PYTHON, "-m", "pytest", *pytest_args]],

@@ -65,7 +65,7 @@ def operator_key(args: argparse.Namespace) -> str:
 def config_for(args: argparse.Namespace, url: str, key: str) -> Any:
     import schemathesis
 
-    phases = {name: {"enabled": name in args.phases} for name in PHASES}
+    phases: dict[str, dict[str, Any]] = {name: {"enabled": name in args.phases} for name in PHASES}
     phases["stateful"]["max-steps"] = args.max_steps
     # A sequence stops at its first failure: refusals that depend on state (a name an earlier step took, a
     # row that does not exist) would end the stateful phase within a few dozen steps, so there it checks

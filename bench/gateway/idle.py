@@ -257,12 +257,12 @@ def _top(raw: Path, n: int = 25) -> None:
     leaves: collections.Counter[str] = collections.Counter()
     total = 0
     for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
+        stack, _, samples = line.rpartition(" ")
         frames = stack.split(";")
-        total += int(count)
-        leaves[frames[-1]] += int(count)
+        total += int(samples)
+        leaves[frames[-1]] += int(samples)
         for frame in set(frames):
-            inclusive[frame] += int(count)
+            inclusive[frame] += int(samples)
     print(f"py-spy: {total} samples on CPU (at 1,000/s); ModelForge's functions, inclusive:")
     ours = [
         (frame, count) for frame, count in inclusive.items() if "(apps/" in frame or "(modelforge/" in frame

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -32,7 +33,7 @@ from common import PYTHON, free_port, route_to_one_backend, start_web, throwaway
 HERE = Path(__file__).resolve().parent
 PYSPY = str(Path(PYTHON).with_name("py-spy"))  # the dev extra's sampling profiler, for --profile
 TICKS = os.sysconf("SC_CLK_TCK")
-BODIES = {
+BODIES: dict[str, tuple[str, dict[str, Any]]] = {
     "embeddings": ("/v1/embeddings", {"model": "rag.embedding@1", "input": "The quick brown fox."}),
     "chat": (
         "/v1/chat/completions",
@@ -84,7 +85,7 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
-def wrk(url: str, body: dict, auth: str, conns: int, seconds: int) -> dict:
+def wrk(url: str, body: dict[str, Any], auth: str, conns: int, seconds: int) -> dict:
     env = {**os.environ, "BENCH_BODY": json.dumps(body), "BENCH_AUTH": auth}
     out = subprocess.run(
         [
@@ -109,7 +110,7 @@ def wrk(url: str, body: dict, auth: str, conns: int, seconds: int) -> dict:
     return json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
 
 
-def first_chunk_ms(url: str, body: dict, auth: str, count: int = 50) -> float:
+def first_chunk_ms(url: str, body: dict[str, Any], auth: str, count: int = 50) -> float:
     headers = {"Authorization": f"Bearer {auth}"} if auth else {}
     samples = []
     with httpx.Client(timeout=10) as client:
@@ -217,7 +218,7 @@ def main() -> int:
             wrk(through + path, body, key, 8, 2)  # warm-up: pools, routing table, prepared state
             if args.limits:
                 wrk(through + path, body, limited_key, 8, 1)
-            rows = []
+            rows: list[tuple[Any, ...]] = []
             for workload in workloads:
                 path, body = BODIES[workload]
                 for n in conns:

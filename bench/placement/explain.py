@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,7 @@ def main() -> int:
             need, _ = profile.memory_need(8 * GIB * wanted, wanted)
             return {
                 "holding": list(HOLDING),
-                "fresh_after": timezone.now() - timezone.timedelta(seconds=settings.NODE_STALE_AFTER),
+                "fresh_after": timezone.now() - timedelta(seconds=settings.NODE_STALE_AFTER),
                 "accelerator": "nvidia",
                 "only": None,
                 "spread": settings.PLACEMENT_STRATEGY == "spread",
@@ -120,7 +121,8 @@ def main() -> int:
                 spent[key].append((time.perf_counter() - started) * 1000)
 
         print(f"placement over {args.nodes} nodes x {args.gpus} GPUs, {args.rounds} rounds")
-        for wanted, sql in ((1, scheduler._RANK_ONE_GPU), (4, scheduler._RANK_GPUS)):
+        one_gpu = scheduler._RANK_ONE_GPU[settings.PLACEMENT_STRATEGY == "spread"]  # the ranking place() runs
+        for wanted, sql in ((1, one_gpu), (4, scheduler._RANK_GPUS)):
             for i in range(args.rounds):
                 place(request(f"warm{wanted}-{i}", wanted))
             decisions = []

@@ -94,6 +94,13 @@ def redis_figures(url: str) -> tuple[int, dict[str, int]]:
     return used, prefixes
 
 
+def stop_groups(processes: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to the process group of each one still running."""
+    for process in processes:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -109,7 +116,7 @@ def main() -> int:
 
     webs: list[subprocess.Popen[bytes]] = []
     with throwaway_stack(PG_PORT, REDIS_PORT) as (workdir, env), contextlib.ExitStack() as cleanup:
-        cleanup.callback(lambda: [os.killpg(w.pid, signal.SIGTERM) for w in webs if w.poll() is None])
+        cleanup.callback(stop_groups, webs)
         from django.conf import settings
         from django.contrib.auth import get_user_model
         from django.db import connection
