@@ -4,6 +4,7 @@ from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import path, reverse
 
 from apps.nodes import listening
+from apps.nodes.choices import Liveness
 from apps.nodes.models import GPU, EnrollmentToken, ListeningClock, Node, NodeEvent
 from modelforge.errors import ApiError
 
@@ -30,10 +31,31 @@ class NodeEventInline(admin.TabularInline):
         return False
 
 
+class LivenessNowFilter(admin.SimpleListFilter):
+    """Liveness as it is now: the fleet's stale state included (models.liveness_now)."""
+
+    title = "liveness"
+    parameter_name = "liveness"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [(str(value), str(label)) for value, label in Liveness.choices]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Node]) -> QuerySet[Node]:
+        value = self.value()
+        return queryset.in_liveness(value) if value else queryset  # type: ignore[attr-defined]
+
+
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ("name", "accelerator", "liveness", "enabled", "last_heartbeat_at", "secret_mismatch_at")
-    list_filter = ("liveness", "enabled", "accelerator")
+    list_display = (
+        "name",
+        "accelerator",
+        "liveness_now",
+        "enabled",
+        "last_heartbeat_at",
+        "secret_mismatch_at",
+    )
+    list_filter = (LivenessNowFilter, "enabled", "accelerator")
     search_fields = ("name", "agent_url")
     readonly_fields = [f.name for f in Node._meta.fields if f.name not in ("enabled",)]
     exclude = ("credential_hash",)
@@ -42,6 +64,13 @@ class NodeAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False  # nodes enroll themselves with a token
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Node]:
+        return super().get_queryset(request).with_liveness()  # type: ignore[attr-defined]
+
+    @admin.display(description="liveness", ordering="_liveness_now")
+    def liveness_now(self, node: Node) -> str:
+        return node.liveness_now
 
     def save_model(self, request, obj, form, change):
         # Enable/disable goes through the model method so it leaves an event row.

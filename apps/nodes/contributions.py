@@ -16,11 +16,14 @@ from modelforge import metrics
 
 
 def overview() -> dict[str, Any]:
-    from apps.nodes.models import Node
+    from apps.nodes.models import Node, liveness_now
 
     return {
         "liveness": dict(
-            Node.objects.values_list("liveness").annotate(n=Count("pk")).values_list("liveness", "n")
+            Node.objects.annotate(state=liveness_now())
+            .values_list("state")
+            .annotate(n=Count("pk"))
+            .values_list("state", "n")
         ),
         "assignable": Node.objects.assignable().count(),
     }
@@ -28,10 +31,12 @@ def overview() -> dict[str, Any]:
 
 class NodesCollector(Collector):
     def collect(self) -> Iterator[Any]:
-        from apps.nodes.models import Node
+        from apps.nodes.models import Node, liveness_now
 
         nodes = GaugeMetricFamily("modelforge_nodes", "Enrolled nodes by liveness.", labels=["liveness"])
-        for liveness, count in Node.objects.values_list("liveness").annotate(n=Count("pk")):
+        for liveness, count in (
+            Node.objects.annotate(state=liveness_now()).values_list("state").annotate(n=Count("pk"))
+        ):
             nodes.add_metric([liveness], count)
         yield nodes
 

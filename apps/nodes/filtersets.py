@@ -1,13 +1,14 @@
 import django_filters
 
 from apps.nodes.choices import Accelerator, Liveness
-from apps.nodes.models import EnrollmentToken, Node
+from apps.nodes.models import EnrollmentToken, Node, NodeQuerySet
 
 
 class NodeFilterSet(django_filters.FilterSet):
     """One filter for the API and the dashboard list."""
 
-    liveness = django_filters.ChoiceFilter(choices=Liveness.choices)
+    # As it is now: the fleet's stale state included (models.liveness_now).
+    liveness = django_filters.ChoiceFilter(choices=Liveness.choices, method="filter_liveness")
     accelerator = django_filters.ChoiceFilter(choices=Accelerator.choices)
     enabled = django_filters.BooleanFilter()
     name = django_filters.CharFilter(lookup_expr="icontains")
@@ -15,6 +16,9 @@ class NodeFilterSet(django_filters.FilterSet):
     class Meta:
         model = Node
         fields = ["liveness", "accelerator", "enabled", "name"]
+
+    def filter_liveness(self, queryset: NodeQuerySet, name: str, value: str) -> NodeQuerySet:
+        return queryset.in_liveness(value)
 
 
 class EnrollmentTokenFilterSet(django_filters.FilterSet):

@@ -26,7 +26,7 @@ from django.db import connection
 from apps.alerts.models import Alert
 from apps.nodes import codes
 from apps.nodes.choices import EventKind, Liveness
-from apps.nodes.models import GPU, Node, NodeEvent, digest
+from apps.nodes.models import GPU, ListeningClock, Node, NodeEvent, digest
 from modelforge.jsonbounds import json_has_nul, nul_message
 
 MAX_GPUS = 64
@@ -184,7 +184,11 @@ WITH h AS MATERIALIZED (
         cpu_count int, load_1m float8, memory_total bigint, memory_available bigint, shm_total bigint,
         shm_free bigint, models jsonb, gpus jsonb)
 ), before AS (
-    SELECT n.id, n.liveness, h.*
+    SELECT n.id, h.*,
+           CASE WHEN n.liveness = '{Liveness.ONLINE}'
+                     AND n.last_heartbeat_at < (SELECT c.fleet_stale_before
+                                                FROM {ListeningClock._meta.db_table} AS c)
+                THEN '{Liveness.STALE}' ELSE n.liveness END AS liveness
     FROM h JOIN {Node._meta.db_table} AS n ON n.credential_hash = h.credential_hash
     ORDER BY n.id FOR UPDATE OF n
 ), node AS (

@@ -18,6 +18,11 @@ from apps.nodes.choices import EventKind, Liveness
 from apps.nodes.models import ListeningClock, Node, NodeEvent
 from apps.nodes.signals import nodes_went_offline
 
+# An online node silent since before the clock's ``fleet_stale_before`` is stale (models.liveness_now): a
+# stale transition that took many nodes at once is held as that one fleet state (``_FLEET_STALE``).
+_HELD = "liveness = 'online' AND last_heartbeat_at < COALESCE(%(held)s::timestamptz, '-infinity')"
+_LIVENESS_NOW = f"CASE WHEN {_HELD} THEN 'stale' ELSE liveness END"
+
 # One statement moves every node due for a transition and writes its event: a row per node, or -- when
 # the transition moved many nodes at once (more than ``many_above``, the mass-loss guard's "many", which
 # also raises one alert for the fleet) -- ONE row naming them all, the decision taken in the statement on
@@ -26,8 +31,9 @@ from apps.nodes.signals import nodes_went_offline
 # the lock, so a heartbeat that committed first is never overwritten.
 _TRANSITION = f"""
 WITH due AS (
-    SELECT id, liveness FROM {Node._meta.db_table}
+    SELECT id, {_LIVENESS_NOW} AS liveness FROM {Node._meta.db_table}
     WHERE liveness = ANY(%(from_states)s) AND last_heartbeat_at < %(before)s
+      AND NOT (%(skip_held)s AND {_HELD})
     FOR UPDATE SKIP LOCKED
 ), moved AS (
     UPDATE {Node._meta.db_table} AS n SET liveness = %(to_state)s
@@ -78,10 +84,14 @@ def _transition(
     now: datetime,
     detail: str,
     alive: int,
+    held: datetime | None,
 ) -> _Moved:
     cursor.execute(
         _TRANSITION,
         {
+            "held": held,
+            # The stale transition leaves the nodes already in the fleet's stale state where they are.
+            "skip_held": to_state == Liveness.STALE,
             "online": Liveness.ONLINE,
             "many_above": _many_above(alive),
             "from_states": from_states,
@@ -100,6 +110,48 @@ def _transition(
     return _Moved([(node_id, name) for node_id, name, _, _ in rows], rows[0][2], rows[0][3])
 
 
+# A stale transition that takes many nodes at once (more than ``many_above``) writes no node row: the
+# clock's ``fleet_stale_before`` moves up to the stale limit (the caller's save), which makes every online
+# node silent since before it stale (models.liveness_now), and one event row names them. A whole fleet's
+# worth of row versions and their locks was the held mass loss's whole cost (bench/heartbeats). A node
+# that reports again is online at once: its heartbeat is newer than the limit.
+_FLEET_STALE = f"""
+WITH due AS (
+    SELECT id, name FROM {Node._meta.db_table}
+    WHERE liveness = %(online)s AND last_heartbeat_at < %(before)s
+      AND last_heartbeat_at >= COALESCE(%(held)s::timestamptz, '-infinity')
+), fleet_event AS (
+    INSERT INTO {NodeEvent._meta.db_table} (node_id, nodes, kind, from_liveness, to_liveness, at, detail)
+    SELECT NULL, array_agg(id), %(kind)s, %(online)s, %(stale)s, %(now)s,
+           %(detail)s || ' (' || count(*) || ' nodes at once)'
+    FROM due HAVING count(*) > 0
+    RETURNING id
+)
+SELECT id::text, name, (SELECT id FROM fleet_event) FROM due
+"""  # noqa: S608 -- table names are ours
+
+
+def _fleet_stale(cursor: Any, clock: ListeningClock, before: datetime, now: datetime, detail: str) -> _Moved:
+    cursor.execute(
+        _FLEET_STALE,
+        {
+            "online": Liveness.ONLINE,
+            "stale": Liveness.STALE,
+            "before": before,
+            "held": clock.fleet_stale_before,
+            "kind": EventKind.LIVENESS,
+            "now": now,
+            "detail": detail,
+        },
+    )
+    rows = cursor.fetchall()
+    if clock.fleet_stale_before is None or clock.fleet_stale_before < before:
+        clock.fleet_stale_before = before
+    if not rows:
+        return _Moved([])
+    return _Moved([(node_id, name) for node_id, name, _ in rows], len(rows), rows[0][2])
+
+
 # One pass over the nodes that can move, before any transition: what the mass-loss guard weighs, and
 # whether either transition has anything to do (a sweep with nothing due -- nearly every sweep -- then
 # reads the table once instead of three times).
@@ -109,7 +161,8 @@ SELECT count(*) FILTER (WHERE last_heartbeat_at < %(stale_before)s
        count(*),
        min(last_heartbeat_at) FILTER (WHERE last_heartbeat_at < %(before)s),
        count(*) FILTER (WHERE last_heartbeat_at < %(before)s),
-       count(*) FILTER (WHERE liveness = %(online)s AND last_heartbeat_at < %(stale_before)s)
+       count(*) FILTER (WHERE liveness = %(online)s AND last_heartbeat_at < %(stale_before)s
+                          AND NOT ({_HELD}))
 FROM {Node._meta.db_table} WHERE liveness = ANY(%(from_states)s)
 """  # noqa: S608 -- the table name is ours
 
@@ -123,7 +176,7 @@ class _Census:
     alive: int  # online or stale
     silent_since: datetime | None
     offline_due: int  # silent past the offline limit, confirmed or not
-    stale_due: int  # online and silent past the stale limit
+    stale_due: int  # online and silent past the stale limit, not already in the fleet's stale state
 
 
 def _census(cursor: Any, clock: ListeningClock, offline_before: datetime, stale_before: datetime) -> _Census:
@@ -133,6 +186,7 @@ def _census(cursor: Any, clock: ListeningClock, offline_before: datetime, stale_
             "before": offline_before,
             "stale_before": stale_before,
             "confirmed": clock.confirmed_at,
+            "held": clock.fleet_stale_before,
             "online": Liveness.ONLINE,
             "from_states": [Liveness.ONLINE, Liveness.STALE],
         },
@@ -157,7 +211,10 @@ def sweep(now: datetime | None = None) -> SweepResult:
        apart; judged one sweep at a time they would go one by one): the control plane suspects itself,
        holds them stale, fails no server and raises one critical ``NODE_MASS_LOSS`` until an operator
        confirms or they come back.
-    2. stale: online nodes silent for longer than ``NODE_STALE_AFTER``.
+    2. stale: online nodes silent for longer than ``NODE_STALE_AFTER``; when that is many nodes at once
+       (the mass-loss guard's "many" -- a held mass loss), no node row is written: the clock's
+       ``fleet_stale_before`` moves up to the limit, and every online node silent since before it is stale
+       (``Node.liveness_now``) until it reports (``_FLEET_STALE``).
     3. alerts: ``node_offline`` (critical) and ``NODE_STALE`` (warning), one statement each,
        de-duplicated by the alerts core -- one per node, or ONE for the fleet when the transition moved
        many nodes at once (``_raise``); a fleet alert clears itself once none of the nodes it covers is
@@ -200,20 +257,25 @@ def sweep(now: datetime | None = None) -> SweepResult:
                         now,
                         f"no heartbeat for more than {settings.NODE_OFFLINE_AFTER} s",
                         census.alive,
+                        clock.fleet_stale_before,
                     )
                     result.offline = offline.nodes
                     # The online nodes it took were due for the stale transition too: with none left, that
                     # transition is not run (over a whole fleet gone at once it scanned the table for none).
                     stale_due -= offline.from_online
-            if census is not None and stale_due > 0:
+            stale_detail = f"no heartbeat for more than {settings.NODE_STALE_AFTER} s"
+            if census is not None and stale_due > _many_above(census.alive):
+                result.stale = _fleet_stale(cursor, clock, stale_before, now, stale_detail).nodes
+            elif census is not None and stale_due > 0:
                 result.stale = _transition(
                     cursor,
                     [Liveness.ONLINE],
                     Liveness.STALE,
                     stale_before,
                     now,
-                    f"no heartbeat for more than {settings.NODE_STALE_AFTER} s",
+                    stale_detail,
                     census.alive,
+                    clock.fleet_stale_before,
                 ).nodes
         clock.save()
         alive = census.alive if census is not None else 0
@@ -239,7 +301,7 @@ def sweep(now: datetime | None = None) -> SweepResult:
             "assigned to them until they report again.",
             now,
         )
-        _clear_fleet_alerts(now)
+        _clear_fleet_alerts(now, clock.fleet_stale_before)
         if result.offline:
             # Higher layers (model servers on those nodes) react in the same transaction.
             # The fleet's event row names them all (``uuid[]``): a receiver reads the ids there rather than
@@ -309,13 +371,13 @@ SELECT a.code FROM {Alert._meta.db_table} a
 WHERE a.dedup_key = ANY(%(keys)s) AND a.cleared_at IS NULL
   AND NOT EXISTS (
     SELECT 1 FROM {Node._meta.db_table} n
-    WHERE n.liveness = CASE a.code WHEN %(stale_code)s THEN %(stale)s ELSE %(offline)s END
+    WHERE {_LIVENESS_NOW} = CASE a.code WHEN %(stale_code)s THEN %(stale)s ELSE %(offline)s END
       AND NOT EXISTS (SELECT 1 FROM {Alert._meta.db_table} o
                       WHERE o.dedup_key = a.code || %(node_infix)s || n.id::text AND o.cleared_at IS NULL))
 """  # noqa: S608 -- the table names are ours
 
 
-def _clear_fleet_alerts(now: datetime) -> None:
+def _clear_fleet_alerts(now: datetime, held: datetime | None) -> None:
     """Clear each open fleet liveness alert none of whose nodes is still in its state (they reported: the
     heartbeat clears only a node's own alerts). One indexed look-up when none is open."""
     keys = [dedup_key_for(code, *listening.MASS_LOSS_SUBJECT) for code in FLEET_ALERTS]
@@ -326,6 +388,7 @@ def _clear_fleet_alerts(now: datetime) -> None:
                 "keys": keys,
                 "node_infix": dedup_key_for("", "node", ""),  # a node's own key is code + this + id
                 "stale_code": codes.ALERT_NODE_STALE,
+                "held": held,
                 "stale": Liveness.STALE,
                 "offline": Liveness.OFFLINE,
             },
@@ -339,7 +402,8 @@ def alerts_of(node: Node) -> list[Alert]:
     """The open alerts about ``node``: its own, and the fleet's liveness alert that covers it (the node is
     in that alert's state with no alert of its own for it), for the node's page."""
     own = list(Alert.objects.open().filter(subject_type="node", subject_id=str(node.pk)))
-    code = next((c for c, state in FLEET_ALERTS.items() if state == node.liveness), None)
+    state_now = node.liveness_now
+    code = next((c for c, state in FLEET_ALERTS.items() if state == state_now), None)
     if code is None or any(alert.code == code for alert in own):
         return own
     key = dedup_key_for(code, *listening.MASS_LOSS_SUBJECT)

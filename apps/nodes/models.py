@@ -22,7 +22,34 @@ def digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+def _fleet_stale_before() -> models.Subquery:
+    return models.Subquery(ListeningClock.objects.values("fleet_stale_before")[:1])
+
+
+def liveness_now() -> models.Case:
+    """A node's liveness as it is now: its column, except that an online node silent since before the
+    clock's ``fleet_stale_before`` is stale -- a transition that took many nodes at once is held as that
+    one fleet state instead of a row version per node (apps.nodes.liveness, bench/heartbeats)."""
+    return models.Case(
+        models.When(
+            liveness=Liveness.ONLINE,
+            last_heartbeat_at__lt=_fleet_stale_before(),
+            then=models.Value(Liveness.STALE),
+        ),
+        default=models.F("liveness"),
+        output_field=models.CharField(),
+    )
+
+
 class NodeQuerySet(models.QuerySet["Node"]):
+    def with_liveness(self) -> NodeQuerySet:
+        """Each node with ``liveness_now`` read in the same statement (lists: no query per node)."""
+        return self.annotate(_liveness_now=liveness_now())
+
+    def in_liveness(self, *states: str) -> NodeQuerySet:
+        """Nodes whose liveness is now one of ``states`` (the fleet's stale state included)."""
+        return self.alias(current_liveness=liveness_now()).filter(current_liveness__in=states)
+
     def assignable(self, now: datetime | None = None) -> NodeQuerySet:
         """Nodes work may be assigned to: enabled, online, with a heartbeat fresher than the stale limit.
 
@@ -46,7 +73,7 @@ class NodeQuerySet(models.QuerySet["Node"]):
         fresh = models.Q(last_heartbeat_at__gte=fresh_after)
         if since is not None and since >= fresh_after:
             fresh = models.Q()
-        return self.filter(fresh, enabled=True, liveness=Liveness.ONLINE)
+        return self.filter(fresh, enabled=True).in_liveness(Liveness.ONLINE)
 
 
 class Node(models.Model):
@@ -94,6 +121,18 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def liveness_now(self) -> str:
+        """The column, or ``stale`` while the node is in the fleet's stale state (``liveness_now()``); read
+        from the same statement when the node came from ``with_liveness()``."""
+        known: str | None = self.__dict__.get("_liveness_now")
+        if known is not None:
+            return known
+        if self.liveness != Liveness.ONLINE or self.last_heartbeat_at is None:
+            return self.liveness
+        held = ListeningClock.objects.values_list("fleet_stale_before", flat=True).first()
+        return Liveness.STALE if held is not None and self.last_heartbeat_at < held else self.liveness
 
     def is_assignable(self, now: datetime | None = None) -> bool:
         return Node.objects.filter(pk=self.pk).assignable(now).exists()
@@ -263,6 +302,9 @@ class ListeningClock(models.Model):
     hold_nodes = models.PositiveIntegerField(default=0)
     confirmed_at = models.DateTimeField(null=True, blank=True)
     confirmed_by = models.CharField(max_length=150, blank=True)
+    # Online nodes silent since before this are stale: a stale transition that took many nodes at once
+    # (the mass-loss guard's "many") is written here, once, instead of as a row version per node.
+    fleet_stale_before = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

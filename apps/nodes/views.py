@@ -25,7 +25,7 @@ staff_required: Any = staff_member_required(login_url="dashboard:login")
 
 @staff_required
 def node_list(request: HttpRequest) -> HttpResponse:
-    filterset = NodeFilterSet(request.GET, queryset=Node.objects.prefetch_related("gpus"))
+    filterset = NodeFilterSet(request.GET, queryset=Node.objects.with_liveness().prefetch_related("gpus"))
     page = Paginator(filterset.qs, 50).get_page(request.GET.get("page"))
     context = {
         "filter": filterset,
@@ -40,7 +40,7 @@ def node_list(request: HttpRequest) -> HttpResponse:
 
 @staff_required
 def node_detail(request: HttpRequest, pk: str) -> HttpResponse:
-    node = get_object_or_404(Node.objects.prefetch_related("gpus"), pk=pk)
+    node = get_object_or_404(Node.objects.with_liveness().prefetch_related("gpus"), pk=pk)
     context = {
         "node": node,
         "assignable": node.is_assignable(),

@@ -103,8 +103,9 @@ def _ineligible_reason(node: Node, profile: RuntimeProfile, now: datetime) -> st
     """Why ``node`` is not even a candidate, or ``None``."""
     if not node.enabled:
         return "disabled"
-    if node.liveness != Liveness.ONLINE:
-        return f"{node.liveness}" + (" (no heartbeat yet)" if node.liveness == Liveness.PENDING else "")
+    state = node.liveness_now
+    if state != Liveness.ONLINE:
+        return f"{state}" + (" (no heartbeat yet)" if state == Liveness.PENDING else "")
     if node.last_heartbeat_at is None:
         return "no heartbeat recorded"
     age = (now - node.last_heartbeat_at).total_seconds()
@@ -735,7 +736,7 @@ def _refuse(
     nodes = Node.objects.order_by("name")
     if request.node:
         nodes = nodes.filter(name=request.node)
-    for node in nodes.only("name", "enabled", "liveness", "last_heartbeat_at", "accelerator"):
+    for node in nodes.with_liveness().only("name", "enabled", "liveness", "last_heartbeat_at", "accelerator"):
         if node.name not in judged:
             verdicts.append(
                 Verdict(node.name, False, _ineligible_reason(node, profile, now) or "not eligible")

@@ -62,7 +62,8 @@ def reconcile() -> dict[str, int]:
 
     # Every online node: one whose books are empty (restored from an older backup) may still run servers.
     totals = {"failed": 0, "adopted": 0, "recorded": 0, "stopped": 0}
-    for node in Node.objects.filter(liveness=Liveness.ONLINE):
+    # Online now: not the nodes held in the fleet's stale state (models.liveness_now), silent as they are.
+    for node in Node.objects.in_liveness(Liveness.ONLINE):
         done = lifecycle.reconcile_node(node)
         for key in totals:
             totals[key] += getattr(done, key)

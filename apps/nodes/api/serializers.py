@@ -8,7 +8,7 @@ import httpx
 from django.core.validators import RegexValidator
 from rest_framework import serializers
 
-from apps.nodes.choices import Accelerator
+from apps.nodes.choices import Accelerator, Liveness
 from apps.nodes.models import GPU, EnrollmentToken, ListeningClock, Node, NodeEvent, events_of
 from modelforge.validators import PrintableText
 
@@ -123,6 +123,8 @@ class NodeSerializer(serializers.ModelSerializer):
     """A node as operators see it. Only ``enabled`` is writable, and only through enable/disable."""
 
     gpus = GPUSerializer(many=True, read_only=True)
+    # As it is now: ``stale`` for a node in the fleet's stale state (models.liveness_now).
+    liveness = serializers.ChoiceField(choices=Liveness.choices, source="liveness_now", read_only=True)
     assignable = serializers.SerializerMethodField()
     cluster_secret_mismatch = serializers.SerializerMethodField()
 
@@ -223,5 +225,6 @@ class ListeningClockSerializer(serializers.ModelSerializer):
             "hold_nodes",
             "confirmed_at",
             "confirmed_by",
+            "fleet_stale_before",
         ]
         read_only_fields = fields

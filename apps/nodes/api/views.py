@@ -64,7 +64,7 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     filterset_class = NodeFilterSet
 
     def get_queryset(self) -> QuerySet[Node]:
-        return Node.objects.prefetch_related("gpus")
+        return Node.objects.with_liveness().prefetch_related("gpus")
 
     def get_serializer_class(self) -> type:
         return s.NodeDetailSerializer if self.action == "retrieve" else s.NodeSerializer

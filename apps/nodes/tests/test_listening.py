@@ -34,7 +34,8 @@ def clock():
 
 
 def states() -> dict[str, str]:
-    return dict(Node.objects.values_list("name", "liveness"))
+    """Each node's liveness as it is now (the fleet's stale state included: models.liveness_now)."""
+    return {node.name: node.liveness_now for node in Node.objects.with_liveness()}
 
 
 def fleet(count: int) -> list[str]:
@@ -340,3 +341,106 @@ def test_a_node_page_shows_the_fleet_alert_that_covers_it(clock, settings, clien
     assert "<code>NODE_STALE</code>" in covered and "3 of 4 nodes went stale at once" in covered
     online = client.get(f"/nodes/{Node.objects.get(name='n3').pk}/").content.decode()
     assert "<code>NODE_STALE</code>" not in online
+
+
+# --- The fleet's stale state: many nodes at once, one timestamp, no row per node (issue 17) -----------
+
+
+def row_versions() -> dict[str, str]:
+    """Each node row's version (``xmin`` changes whenever the row is written)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name, xmin::text FROM nodes_node")
+        return dict(cursor.fetchall())
+
+
+def fleet_stale_of(credentials: list[str], clock, settings, reporting: int = 3) -> None:
+    """Let every node but ``credentials[reporting:]`` fall silent past the stale limit, swept as usual."""
+    for _ in range(int(settings.NODE_STALE_AFTER / 5) + 1):
+        clock.shift(timedelta(seconds=5))
+        for credential in credentials[reporting:]:
+            beat(credential)
+        sweep()
+
+
+def test_many_nodes_going_stale_at_once_write_no_node_row_and_one_reporting_again_is_online(clock, settings):
+    credentials = fleet(4)
+    sweep()
+    before = row_versions()
+    for _ in range(int(settings.NODE_STALE_AFTER / 5) + 1):
+        clock.shift(timedelta(seconds=5))
+        beat(credentials[3])
+        moved = sweep()
+        if moved.stale:
+            break
+    assert sorted(n for _, n in moved.stale) == ["n0", "n1", "n2"]
+    after = row_versions()
+    assert [after[n] == before[n] for n in ("n0", "n1", "n2")] == [True, True, True]  # no row version
+    assert states() == {"n0": "stale", "n1": "stale", "n2": "stale", "n3": "online"}
+    assert ListeningClock.objects.get().fleet_stale_before == timezone.now() - timedelta(
+        seconds=settings.NODE_STALE_AFTER
+    )
+    # Sweeping on writes no second event for the nodes already held stale.
+    fleet_events = events_of(Node.objects.get(name="n0")).filter(to_liveness="stale")
+    for _ in range(3):
+        clock.shift(timedelta(seconds=5))
+        beat(credentials[3])
+        assert sweep().stale == []
+    assert fleet_events.count() == 1
+    # A node that reports again is online at once, with the event that says it came back from stale.
+    beat(credentials[0])
+    assert states()["n0"] == "online"
+    (back,) = events_of(Node.objects.get(name="n0")).filter(to_liveness="online", from_liveness="stale")
+    assert back.detail == "heartbeat"
+
+
+def test_a_node_held_stale_by_the_fleet_goes_offline_from_stale_when_it_is_not_many(clock, settings):
+    credentials = fleet(4)
+    sweep()
+    fleet_stale_of(credentials, clock, settings)
+    beat(credentials[0])  # n0 back: two of four silent is not more than half, so they go offline
+    offline: list[tuple[str, str]] = []
+    for _ in range(int((settings.NODE_OFFLINE_AFTER - settings.NODE_STALE_AFTER) / 5) + 2):
+        clock.shift(timedelta(seconds=5))
+        beat(credentials[0])
+        beat(credentials[3])
+        offline += sweep().offline
+    assert sorted(n for _, n in offline) == ["n1", "n2"]
+    assert states() == {"n0": "online", "n1": "offline", "n2": "offline", "n3": "online"}
+    for name in ("n1", "n2"):
+        (event,) = events_of(Node.objects.get(name=name)).filter(to_liveness="offline")
+        assert event.from_liveness == "stale"  # as it was, though its column still said online
+    assert not Alert.objects.open().filter(code="NODE_STALE").exists()  # none of them is stale any more
+
+
+def test_nodes_in_the_fleet_stale_state_are_stale_to_every_reader(clock, settings, operator_client, client):
+    from django.contrib.auth.models import User
+
+    credentials = fleet(4)
+    sweep()
+    fleet_stale_of(credentials, clock, settings)
+    # Routing after a control-plane restart (their old heartbeat forgiven) and the reconcile's online nodes.
+    listening.resumed("the control plane restarted")
+    assert list(Node.objects.heard().values_list("name", flat=True)) == ["n3"]
+    assert list(Node.objects.in_liveness("online").values_list("name", flat=True)) == ["n3"]
+    # The API: the field and the filter.
+    listed = operator_client.get("/api/v1/nodes").json()["results"]
+    assert {n["name"]: n["liveness"] for n in listed} == {
+        "n0": "stale",
+        "n1": "stale",
+        "n2": "stale",
+        "n3": "online",
+    }
+    stale = operator_client.get("/api/v1/nodes?liveness=stale").json()["results"]
+    assert [n["name"] for n in stale] == ["n0", "n1", "n2"]
+    one = Node.objects.get(name="n1")
+    assert operator_client.get(f"/api/v1/nodes/{one.pk}").json()["liveness"] == "stale"
+    # The dashboard's list, its filter and a node's page; the metrics gauge.
+    client.force_login(User.objects.create_user("ops", is_staff=True))
+    page = client.get("/nodes/?liveness=stale").content.decode()
+    assert page.count('<span class="badge badge-stale">stale</span>') == 3 and "n3" not in page
+    assert '<span class="badge badge-stale">stale</span>' in client.get(f"/nodes/{one.pk}/").content.decode()
+    from apps.nodes.contributions import NodesCollector, overview
+
+    (gauge,) = NodesCollector().collect()
+    assert {s.labels["liveness"]: s.value for s in gauge.samples} == {"stale": 3, "online": 1}
+    assert overview()["liveness"] == {"stale": 3, "online": 1}
