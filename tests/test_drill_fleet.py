@@ -60,7 +60,7 @@ def three_agents(live_web, tmp_path: Path) -> Iterator[dict[str, RunningProcess]
             models=models,
         )
         agents[name] = start_process([PYTHON, "-m", "agent"], env, tmp_path / f"{name}.log")
-    assert wait_until(lambda: Node.objects.filter(liveness="online").count() == 3, 40), "\n".join(
+    assert wait_until(lambda: Node.objects.in_liveness("online").count() == 3, 40), "\n".join(
         a.log()[-1500:] for a in agents.values()
     )
     yield agents
@@ -167,7 +167,7 @@ def test_two_of_three_agents_killed_at_once_are_held_until_an_operator_confirms(
         settings, lambda: open_alert("NODE_MASS_LOSS", "fleet liveness") is not None, timeout=60
     )
     # Held: well past the offline limit, stale, and no server failed.
-    assert not sweep_until(settings, lambda: Node.objects.filter(liveness="offline").exists(), timeout=6)
+    assert not sweep_until(settings, lambda: Node.objects.in_liveness("offline").exists(), timeout=6)
     assert {node.name: node.liveness_now for node in Node.objects.with_liveness()} == {
         "drill-a": "stale",
         "drill-b": "stale",
@@ -178,7 +178,7 @@ def test_two_of_three_agents_killed_at_once_are_held_until_an_operator_confirms(
     assert alert is not None and alert.message.startswith("2 of 3 online nodes went silent at once")
 
     listening.confirm_mass_loss(by="operator")
-    assert sweep_until(settings, lambda: Node.objects.filter(liveness="offline").count() == 2)
+    assert sweep_until(settings, lambda: Node.objects.in_liveness("offline").count() == 2)
     assert {s.failure_code for s in ModelServer.objects.filter(name__in=["held-a", "held-b"])} == {
         "NODE_OFFLINE"
     }

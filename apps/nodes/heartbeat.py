@@ -185,11 +185,13 @@ WITH h AS MATERIALIZED (
         shm_free bigint, models jsonb, gpus jsonb)
 ), before AS (
     SELECT n.id, h.*,
-           CASE WHEN n.liveness = '{Liveness.ONLINE}'
-                     AND n.last_heartbeat_at < (SELECT c.fleet_stale_before
-                                                FROM {ListeningClock._meta.db_table} AS c)
-                THEN '{Liveness.STALE}' ELSE n.liveness END AS liveness
+           CASE WHEN n.liveness IN ('{Liveness.ONLINE}', '{Liveness.STALE}')
+                     AND n.last_heartbeat_at < clock.fleet_offline_before THEN '{Liveness.OFFLINE}'
+                WHEN n.liveness = '{Liveness.ONLINE}'
+                     AND n.last_heartbeat_at < clock.fleet_stale_before THEN '{Liveness.STALE}'
+                ELSE n.liveness END AS liveness
     FROM h JOIN {Node._meta.db_table} AS n ON n.credential_hash = h.credential_hash
+    LEFT JOIN {ListeningClock._meta.db_table} AS clock ON TRUE
     ORDER BY n.id FOR UPDATE OF n
 ), node AS (
     UPDATE {Node._meta.db_table} AS n

@@ -18,22 +18,33 @@ from apps.nodes.choices import EventKind, Liveness
 from apps.nodes.models import ListeningClock, Node, NodeEvent
 from apps.nodes.signals import nodes_went_offline
 
-# An online node silent since before the clock's ``fleet_stale_before`` is stale (models.liveness_now): a
-# stale transition that took many nodes at once is held as that one fleet state (``_FLEET_STALE``).
-_HELD = "liveness = 'online' AND last_heartbeat_at < COALESCE(%(held)s::timestamptz, '-infinity')"
-_LIVENESS_NOW = f"CASE WHEN {_HELD} THEN 'stale' ELSE liveness END"
+# A node's liveness as it is now (models.liveness_now): its column, except that an online or stale node
+# silent since before the clock's ``fleet_offline_before`` is offline, and an online node silent since
+# before its ``fleet_stale_before`` is stale. A transition that takes many nodes at once is written as
+# that one fleet state (``_FLEET``) instead of a row version per node. Parameters: ``_held(clock)``.
+_LIVENESS_NOW = """(CASE
+    WHEN liveness IN ('online', 'stale')
+         AND last_heartbeat_at < COALESCE(%(fleet_offline)s::timestamptz, '-infinity') THEN 'offline'
+    WHEN liveness = 'online'
+         AND last_heartbeat_at < COALESCE(%(fleet_stale)s::timestamptz, '-infinity') THEN 'stale'
+    ELSE liveness END)"""
 
-# One statement moves every node due for a transition and writes its event: a row per node, or -- when
-# the transition moved many nodes at once (more than ``many_above``, the mass-loss guard's "many", which
-# also raises one alert for the fleet) -- ONE row naming them all, the decision taken in the statement on
-# what it really moved. The row locks are taken with SKIP LOCKED: a node whose heartbeat is being recorded
-# right now is not due, and the next sweep sees its fresh timestamp. The WHERE clause is re-checked under
-# the lock, so a heartbeat that committed first is never overwritten.
+
+def _held(clock: ListeningClock) -> dict[str, datetime | None]:
+    return {"fleet_offline": clock.fleet_offline_before, "fleet_stale": clock.fleet_stale_before}
+
+
+# One statement moves every node due for a transition and writes its event, a row per node (a transition
+# of many nodes at once takes ``_FLEET`` instead; should one still move many here, it writes ONE event row
+# naming them all, the decision taken in the statement on what it really moved). The row locks are taken
+# with SKIP LOCKED: a node whose heartbeat is being recorded right now is not due, and the next sweep sees
+# its fresh timestamp. The WHERE clause is re-checked under the lock, so a heartbeat that committed first
+# is never overwritten.
 _TRANSITION = f"""
 WITH due AS (
     SELECT id, {_LIVENESS_NOW} AS liveness FROM {Node._meta.db_table}
-    WHERE liveness = ANY(%(from_states)s) AND last_heartbeat_at < %(before)s
-      AND NOT (%(skip_held)s AND {_HELD})
+    WHERE liveness IN ('online', 'stale') AND last_heartbeat_at < %(before)s
+      AND {_LIVENESS_NOW} = ANY(%(from_states)s)
     FOR UPDATE SKIP LOCKED
 ), moved AS (
     UPDATE {Node._meta.db_table} AS n SET liveness = %(to_state)s
@@ -57,6 +68,28 @@ SELECT id::text, name, (SELECT count(*) FROM moved WHERE from_state = %(online)s
 FROM moved
 """  # noqa: S608 -- table names are ours
 
+# A transition that takes many nodes at once (more than ``many_above``, the mass-loss guard's "many") writes
+# no node row: the clock's ``fleet_stale_before`` or ``fleet_offline_before`` moves up to the transition's
+# limit (``_fleet``; the sweep saves the clock), which makes every node silent since before it stale or
+# offline (``_LIVENESS_NOW``), and one event row names them. A whole fleet's worth of row versions and
+# their locks was such a sweep's whole cost (bench/heartbeats). A node that reports again is online at
+# once: its heartbeat is newer than the limit, and the heartbeat writes its row.
+_FLEET = f"""
+WITH due AS MATERIALIZED (
+    SELECT id, name, {_LIVENESS_NOW} AS from_state FROM {Node._meta.db_table}
+    WHERE liveness IN ('online', 'stale') AND last_heartbeat_at < %(before)s
+      AND {_LIVENESS_NOW} = ANY(%(from_states)s)
+), fleet_event AS (
+    INSERT INTO {NodeEvent._meta.db_table} (node_id, nodes, kind, from_liveness, to_liveness, at, detail)
+    SELECT NULL, array_agg(id), %(kind)s, string_agg(DISTINCT from_state, ',' ORDER BY from_state),
+           %(to_state)s, %(now)s, %(detail)s || ' (' || count(*) || ' nodes at once)'
+    FROM due HAVING count(*) > 0
+    RETURNING id
+)
+SELECT id::text, name, (SELECT count(*) FROM due WHERE from_state = %(online)s), (SELECT id FROM fleet_event)
+FROM due
+"""  # noqa: S608 -- table names are ours
+
 
 @dataclass
 class _Moved:
@@ -78,20 +111,23 @@ class SweepResult:
 
 def _transition(
     cursor: Any,
+    clock: ListeningClock,
     from_states: list[str],
     to_state: str,
     before: datetime,
     now: datetime,
     detail: str,
     alive: int,
-    held: datetime | None,
+    due: int,
 ) -> _Moved:
+    """Move the nodes in ``from_states`` silent since before ``before`` to ``to_state``: row by row, or --
+    when ``due`` (the census's count, which can only shrink as heartbeats arrive) is many at once -- as
+    the fleet's state on the clock."""
+    many = due > _many_above(alive)
     cursor.execute(
-        _TRANSITION,
+        _FLEET if many else _TRANSITION,
         {
-            "held": held,
-            # The stale transition leaves the nodes already in the fleet's stale state where they are.
-            "skip_held": to_state == Liveness.STALE,
+            **_held(clock),
             "online": Liveness.ONLINE,
             "many_above": _many_above(alive),
             "from_states": from_states,
@@ -105,65 +141,31 @@ def _transition(
     # The ids come back as text: a whole fleet's worth of UUID objects, made here and turned back into
     # strings for the alerts, cost more than the statement's own work (bench/heartbeats).
     rows = cursor.fetchall()
+    if many:
+        field_name = "fleet_offline_before" if to_state == Liveness.OFFLINE else "fleet_stale_before"
+        held = getattr(clock, field_name)
+        setattr(clock, field_name, before if held is None else max(held, before))
     if not rows:
         return _Moved([])
     return _Moved([(node_id, name) for node_id, name, _, _ in rows], rows[0][2], rows[0][3])
 
 
-# A stale transition that takes many nodes at once (more than ``many_above``) writes no node row: the
-# clock's ``fleet_stale_before`` moves up to the stale limit (the caller's save), which makes every online
-# node silent since before it stale (models.liveness_now), and one event row names them. A whole fleet's
-# worth of row versions and their locks was the held mass loss's whole cost (bench/heartbeats). A node
-# that reports again is online at once: its heartbeat is newer than the limit.
-_FLEET_STALE = f"""
-WITH due AS (
-    SELECT id, name FROM {Node._meta.db_table}
-    WHERE liveness = %(online)s AND last_heartbeat_at < %(before)s
-      AND last_heartbeat_at >= COALESCE(%(held)s::timestamptz, '-infinity')
-), fleet_event AS (
-    INSERT INTO {NodeEvent._meta.db_table} (node_id, nodes, kind, from_liveness, to_liveness, at, detail)
-    SELECT NULL, array_agg(id), %(kind)s, %(online)s, %(stale)s, %(now)s,
-           %(detail)s || ' (' || count(*) || ' nodes at once)'
-    FROM due HAVING count(*) > 0
-    RETURNING id
-)
-SELECT id::text, name, (SELECT id FROM fleet_event) FROM due
-"""  # noqa: S608 -- table names are ours
-
-
-def _fleet_stale(cursor: Any, clock: ListeningClock, before: datetime, now: datetime, detail: str) -> _Moved:
-    cursor.execute(
-        _FLEET_STALE,
-        {
-            "online": Liveness.ONLINE,
-            "stale": Liveness.STALE,
-            "before": before,
-            "held": clock.fleet_stale_before,
-            "kind": EventKind.LIVENESS,
-            "now": now,
-            "detail": detail,
-        },
-    )
-    rows = cursor.fetchall()
-    if clock.fleet_stale_before is None or clock.fleet_stale_before < before:
-        clock.fleet_stale_before = before
-    if not rows:
-        return _Moved([])
-    return _Moved([(node_id, name) for node_id, name, _ in rows], len(rows), rows[0][2])
-
-
 # One pass over the nodes that can move, before any transition: what the mass-loss guard weighs, and
 # whether either transition has anything to do (a sweep with nothing due -- nearly every sweep -- then
-# reads the table once instead of three times).
+# reads the table once instead of three times). States as they are now (``_LIVENESS_NOW``).
 _CENSUS = f"""
 SELECT count(*) FILTER (WHERE last_heartbeat_at < %(stale_before)s
                           AND (%(confirmed)s::timestamptz IS NULL OR last_heartbeat_at >= %(confirmed)s)),
        count(*),
        min(last_heartbeat_at) FILTER (WHERE last_heartbeat_at < %(before)s),
        count(*) FILTER (WHERE last_heartbeat_at < %(before)s),
-       count(*) FILTER (WHERE liveness = %(online)s AND last_heartbeat_at < %(stale_before)s
-                          AND NOT ({_HELD}))
-FROM {Node._meta.db_table} WHERE liveness = ANY(%(from_states)s)
+       count(*) FILTER (WHERE last_heartbeat_at < LEAST(%(before)s, %(confirmed)s::timestamptz)),
+       count(*) FILTER (WHERE state = %(online)s AND last_heartbeat_at < %(stale_before)s)
+FROM (
+    SELECT {_LIVENESS_NOW} AS state, last_heartbeat_at FROM {Node._meta.db_table}
+    WHERE liveness IN ('online', 'stale')
+) AS n
+WHERE state IN ('online', 'stale')
 """  # noqa: S608 -- the table name is ours
 
 
@@ -173,22 +175,22 @@ class _Census:
     # on phases of their own, so nodes that went silent together cross the offline limit sweeps apart;
     # by then every one of them is past the stale limit (which comes a heartbeat interval or more earlier).
     due: int
-    alive: int  # online or stale
+    alive: int  # online or stale, as they are now
     silent_since: datetime | None
     offline_due: int  # silent past the offline limit, confirmed or not
-    stale_due: int  # online and silent past the stale limit, not already in the fleet's stale state
+    confirmed_due: int  # ... and silent since before an operator's confirmation of a mass loss
+    stale_due: int  # online now and silent past the stale limit
 
 
 def _census(cursor: Any, clock: ListeningClock, offline_before: datetime, stale_before: datetime) -> _Census:
     cursor.execute(
         _CENSUS,
         {
+            **_held(clock),
             "before": offline_before,
             "stale_before": stale_before,
             "confirmed": clock.confirmed_at,
-            "held": clock.fleet_stale_before,
             "online": Liveness.ONLINE,
-            "from_states": [Liveness.ONLINE, Liveness.STALE],
         },
     )
     return _Census(*cursor.fetchone())
@@ -211,10 +213,12 @@ def sweep(now: datetime | None = None) -> SweepResult:
        apart; judged one sweep at a time they would go one by one): the control plane suspects itself,
        holds them stale, fails no server and raises one critical ``NODE_MASS_LOSS`` until an operator
        confirms or they come back.
-    2. stale: online nodes silent for longer than ``NODE_STALE_AFTER``; when that is many nodes at once
-       (the mass-loss guard's "many" -- a held mass loss), no node row is written: the clock's
-       ``fleet_stale_before`` moves up to the limit, and every online node silent since before it is stale
-       (``Node.liveness_now``) until it reports (``_FLEET_STALE``).
+    2. stale: online nodes silent for longer than ``NODE_STALE_AFTER``.
+
+    A transition of many nodes at once (the mass-loss guard's "many": a held mass loss going stale, a
+    confirmed one going offline) writes no node row: the clock's ``fleet_stale_before`` or
+    ``fleet_offline_before`` moves up to its limit, and every node silent since before it is in that state
+    (``Node.liveness_now``) until it reports (``_FLEET``).
     3. alerts: ``node_offline`` (critical) and ``NODE_STALE`` (warning), one statement each,
        de-duplicated by the alerts core -- one per node, or ONE for the fleet when the transition moved
        many nodes at once (``_raise``); a fleet alert clears itself once none of the nodes it covers is
@@ -248,34 +252,34 @@ def sweep(now: datetime | None = None) -> SweepResult:
             offline = _Moved([])
             if census is not None and (since is None or since < offline_before):
                 allowed = _guard_mass_loss(census, clock, offline_before, now)
-                if allowed is not None and census.offline_due:
+                due = census.offline_due if allowed == offline_before else census.confirmed_due
+                if allowed is not None and due:
                     offline = _transition(
                         cursor,
+                        clock,
                         [Liveness.ONLINE, Liveness.STALE],
                         Liveness.OFFLINE,
                         allowed,
                         now,
                         f"no heartbeat for more than {settings.NODE_OFFLINE_AFTER} s",
                         census.alive,
-                        clock.fleet_stale_before,
+                        due,
                     )
                     result.offline = offline.nodes
                     # The online nodes it took were due for the stale transition too: with none left, that
                     # transition is not run (over a whole fleet gone at once it scanned the table for none).
                     stale_due -= offline.from_online
-            stale_detail = f"no heartbeat for more than {settings.NODE_STALE_AFTER} s"
-            if census is not None and stale_due > _many_above(census.alive):
-                result.stale = _fleet_stale(cursor, clock, stale_before, now, stale_detail).nodes
-            elif census is not None and stale_due > 0:
+            if census is not None and stale_due > 0:
                 result.stale = _transition(
                     cursor,
+                    clock,
                     [Liveness.ONLINE],
                     Liveness.STALE,
                     stale_before,
                     now,
-                    stale_detail,
+                    f"no heartbeat for more than {settings.NODE_STALE_AFTER} s",
                     census.alive,
-                    clock.fleet_stale_before,
+                    stale_due,
                 ).nodes
         clock.save()
         alive = census.alive if census is not None else 0
@@ -301,7 +305,7 @@ def sweep(now: datetime | None = None) -> SweepResult:
             "assigned to them until they report again.",
             now,
         )
-        _clear_fleet_alerts(now, clock.fleet_stale_before)
+        _clear_fleet_alerts(now, clock)
         if result.offline:
             # Higher layers (model servers on those nodes) react in the same transaction.
             # The fleet's event row names them all (``uuid[]``): a receiver reads the ids there rather than
@@ -377,7 +381,7 @@ WHERE a.dedup_key = ANY(%(keys)s) AND a.cleared_at IS NULL
 """  # noqa: S608 -- the table names are ours
 
 
-def _clear_fleet_alerts(now: datetime, held: datetime | None) -> None:
+def _clear_fleet_alerts(now: datetime, clock: ListeningClock) -> None:
     """Clear each open fleet liveness alert none of whose nodes is still in its state (they reported: the
     heartbeat clears only a node's own alerts). One indexed look-up when none is open."""
     keys = [dedup_key_for(code, *listening.MASS_LOSS_SUBJECT) for code in FLEET_ALERTS]
@@ -388,7 +392,7 @@ def _clear_fleet_alerts(now: datetime, held: datetime | None) -> None:
                 "keys": keys,
                 "node_infix": dedup_key_for("", "node", ""),  # a node's own key is code + this + id
                 "stale_code": codes.ALERT_NODE_STALE,
-                "held": held,
+                **_held(clock),
                 "stale": Liveness.STALE,
                 "offline": Liveness.OFFLINE,
             },

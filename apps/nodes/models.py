@@ -22,18 +22,24 @@ def digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def _fleet_stale_before() -> models.Subquery:
-    return models.Subquery(ListeningClock.objects.values("fleet_stale_before")[:1])
+def _clock(field: str) -> models.Subquery:
+    return models.Subquery(ListeningClock.objects.values(field)[:1])
 
 
 def liveness_now() -> models.Case:
-    """A node's liveness as it is now: its column, except that an online node silent since before the
-    clock's ``fleet_stale_before`` is stale -- a transition that took many nodes at once is held as that
-    one fleet state instead of a row version per node (apps.nodes.liveness, bench/heartbeats)."""
+    """A node's liveness as it is now: its column, except that an online or stale node silent since before
+    the clock's ``fleet_offline_before`` is offline, and an online node silent since before its
+    ``fleet_stale_before`` stale -- a transition that took many nodes at once is held as that one fleet
+    state instead of a row version per node (apps.nodes.liveness, bench/heartbeats)."""
     return models.Case(
         models.When(
+            liveness__in=[Liveness.ONLINE, Liveness.STALE],
+            last_heartbeat_at__lt=_clock("fleet_offline_before"),
+            then=models.Value(Liveness.OFFLINE),
+        ),
+        models.When(
             liveness=Liveness.ONLINE,
-            last_heartbeat_at__lt=_fleet_stale_before(),
+            last_heartbeat_at__lt=_clock("fleet_stale_before"),
             then=models.Value(Liveness.STALE),
         ),
         default=models.F("liveness"),
@@ -47,7 +53,7 @@ class NodeQuerySet(models.QuerySet["Node"]):
         return self.annotate(_liveness_now=liveness_now())
 
     def in_liveness(self, *states: str) -> NodeQuerySet:
-        """Nodes whose liveness is now one of ``states`` (the fleet's stale state included)."""
+        """Nodes whose liveness is now one of ``states`` (the fleet's states included)."""
         return self.alias(current_liveness=liveness_now()).filter(current_liveness__in=states)
 
     def assignable(self, now: datetime | None = None) -> NodeQuerySet:
@@ -124,15 +130,20 @@ class Node(models.Model):
 
     @property
     def liveness_now(self) -> str:
-        """The column, or ``stale`` while the node is in the fleet's stale state (``liveness_now()``); read
-        from the same statement when the node came from ``with_liveness()``."""
+        """The column, or the fleet's state the node is in (``liveness_now()``); read in the same statement
+        when the node came from ``with_liveness()``."""
         known: str | None = self.__dict__.get("_liveness_now")
         if known is not None:
             return known
-        if self.liveness != Liveness.ONLINE or self.last_heartbeat_at is None:
+        if self.liveness not in (Liveness.ONLINE, Liveness.STALE) or self.last_heartbeat_at is None:
             return self.liveness
-        held = ListeningClock.objects.values_list("fleet_stale_before", flat=True).first()
-        return Liveness.STALE if held is not None and self.last_heartbeat_at < held else self.liveness
+        held = ListeningClock.objects.values_list("fleet_offline_before", "fleet_stale_before").first()
+        offline, stale = held if held is not None else (None, None)
+        if offline is not None and self.last_heartbeat_at < offline:
+            return Liveness.OFFLINE
+        if self.liveness == Liveness.ONLINE and stale is not None and self.last_heartbeat_at < stale:
+            return Liveness.STALE
+        return self.liveness
 
     def is_assignable(self, now: datetime | None = None) -> bool:
         return Node.objects.filter(pk=self.pk).assignable(now).exists()
@@ -302,9 +313,11 @@ class ListeningClock(models.Model):
     hold_nodes = models.PositiveIntegerField(default=0)
     confirmed_at = models.DateTimeField(null=True, blank=True)
     confirmed_by = models.CharField(max_length=150, blank=True)
-    # Online nodes silent since before this are stale: a stale transition that took many nodes at once
-    # (the mass-loss guard's "many") is written here, once, instead of as a row version per node.
+    # Online nodes silent since before ``fleet_stale_before`` are stale, online and stale nodes silent since
+    # before ``fleet_offline_before`` offline: a transition that took many nodes at once (the mass-loss
+    # guard's "many") is written here, once, instead of as a row version per node (``liveness_now``).
     fleet_stale_before = models.DateTimeField(null=True, blank=True)
+    fleet_offline_before = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -361,7 +361,7 @@ def main() -> int:
 
         def timed_sweep(
             due: int, guard: bool = False, confirmed: bool = False
-        ) -> tuple[float, int, int, int]:
+        ) -> tuple[float, int, int, int, int, int]:
             Node.objects.all().delete()
             Alert.objects.all().delete()
             # A control plane that has been listening all along (no gap from the web run above), and the
@@ -398,25 +398,31 @@ def main() -> int:
             started = time.perf_counter()
             moved = sweep()
             elapsed = (time.perf_counter() - started) * 1000
-            return elapsed, len(moved.offline), len(moved.stale), Alert.objects.count()
+            # What every reader sees now (the fleet's states included): the sweep did move them.
+            stale, offline = (Node.objects.in_liveness(state).count() for state in ("stale", "offline"))
+            return elapsed, len(moved.offline), len(moved.stale), Alert.objects.count(), stale, offline
 
-        print(f"sweep over {args.sweep_nodes} online nodes (each moved node gets its state and event row)")
+        print(
+            f"sweep over {args.sweep_nodes} online nodes (a few moved: a row and an event each; many at "
+            "once: the fleet's state on the clock and one event)"
+        )
         for label, due, guard, confirmed in (
             ("nothing due", 0, False, False),
             ("1 % due", args.sweep_nodes // 100, False, False),
             # The guard off: every node goes offline with an alert of its own.
             ("all due, guard off", args.sweep_nodes, False, False),
-            # The guard on (the default) and the loss confirmed: every node goes offline under one
-            # node_offline for the fleet.
+            # The guard on (the default) and the loss confirmed: every node goes offline (the fleet's
+            # state, one event row) under one node_offline for the fleet.
             ("all due, confirmed", args.sweep_nodes, False, True),
             # The guard on (the default): none goes offline, one NODE_MASS_LOSS alert, and the nodes go
-            # stale (each with its event row) under one NODE_STALE for the fleet.
+            # stale (the fleet's state, one event row) under one NODE_STALE for the fleet.
             ("all due, held", args.sweep_nodes, True, False),
         ):
             runs = [timed_sweep(due, guard, confirmed) for _ in range(3)]
             print(
                 f"  {label:<20}{statistics.median(run[0] for run in runs):8.1f} ms  (median of 3; "
-                f"{runs[0][1]} moved to offline, {runs[0][2]} to stale, {runs[0][3]} alert rows)"
+                f"{runs[0][1]} moved to offline, {runs[0][2]} to stale, {runs[0][3]} alert rows; now "
+                f"{runs[0][4]} stale, {runs[0][5]} offline)"
             )
         connection.close()
         return 0

@@ -226,5 +226,6 @@ class ListeningClockSerializer(serializers.ModelSerializer):
             "confirmed_at",
             "confirmed_by",
             "fleet_stale_before",
+            "fleet_offline_before",
         ]
         read_only_fields = fields

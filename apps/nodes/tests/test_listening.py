@@ -437,10 +437,55 @@ def test_nodes_in_the_fleet_stale_state_are_stale_to_every_reader(clock, setting
     # The dashboard's list, its filter and a node's page; the metrics gauge.
     client.force_login(User.objects.create_user("ops", is_staff=True))
     page = client.get("/nodes/?liveness=stale").content.decode()
-    assert page.count('<span class="badge badge-stale">stale</span>') == 3 and "n3" not in page
+    assert page.count('<span class="badge badge-stale">stale</span>') == 3 and ">n3</a>" not in page
     assert '<span class="badge badge-stale">stale</span>' in client.get(f"/nodes/{one.pk}/").content.decode()
     from apps.nodes.contributions import NodesCollector, overview
 
     (gauge,) = NodesCollector().collect()
     assert {s.labels["liveness"]: s.value for s in gauge.samples} == {"stale": 3, "online": 1}
     assert overview()["liveness"] == {"stale": 3, "online": 1}
+
+
+def test_a_confirmed_mass_loss_goes_offline_without_a_node_row_and_a_node_reporting_again_is_online(
+    clock, settings, operator_client
+):
+    credentials = fleet(4)
+    sweep()
+    server = ModelServer.objects.create(
+        name="on-n1", profile="test-echo", model="m", node=Node.objects.get(name="n1"), state="running"
+    )
+    before = row_versions()
+    for _ in range(int(settings.NODE_OFFLINE_AFTER / 5) + 2):
+        clock.shift(timedelta(seconds=5))
+        beat(credentials[3])
+        sweep()
+    assert states() == {"n0": "stale", "n1": "stale", "n2": "stale", "n3": "online"}  # held
+    confirmed = listening.confirm_mass_loss(by="alice").confirmed_at
+    clock.shift(timedelta(seconds=5))
+    beat(credentials[3])
+    moved = sweep()
+    assert sorted(n for _, n in moved.offline) == ["n0", "n1", "n2"]
+    after = row_versions()
+    assert [after[n] == before[n] for n in ("n0", "n1", "n2")] == [True, True, True]  # no row version
+    assert states() == {"n0": "offline", "n1": "offline", "n2": "offline", "n3": "online"}
+    limit = timezone.now() - timedelta(seconds=settings.NODE_OFFLINE_AFTER)
+    assert confirmed is not None
+    assert ListeningClock.objects.get().fleet_offline_before == min(limit, confirmed)
+    server.refresh_from_db()
+    assert (server.state, server.failure_code) == ("failed", "NODE_OFFLINE")
+    (event,) = events_of(Node.objects.get(name="n1")).filter(to_liveness="offline")
+    assert (event.from_liveness, event.fleet_size) == ("stale", 3)
+    offline = operator_client.get("/api/v1/nodes?liveness=offline").json()["results"]
+    assert [n["name"] for n in offline] == ["n0", "n1", "n2"]
+    # Sweeping on moves nothing more, and the one node left is the whole fleet the guard weighs now.
+    for _ in range(3):
+        clock.shift(timedelta(seconds=5))
+        beat(credentials[3])
+        assert (sweep().offline, sweep().stale) == ([], [])
+    assert events_of(Node.objects.get(name="n1")).filter(to_liveness="offline").count() == 1
+    # A node that reports again is online at once, and says where it came back from.
+    beat(credentials[1])
+    assert states()["n1"] == "online"
+    assert (
+        events_of(Node.objects.get(name="n1")).filter(from_liveness="offline", to_liveness="online").exists()
+    )

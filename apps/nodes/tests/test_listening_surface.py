@@ -69,6 +69,8 @@ def test_the_listening_clock_is_read_and_not_taken_for_a_node_id(operator_client
         "hold_nodes",
         "confirmed_at",
         "confirmed_by",
+        "fleet_stale_before",
+        "fleet_offline_before",
     }
     assert body["listening_reason"] == "web processes started listening after a gap"
     assert body["hold_nodes"] == 3 and body["hold_since"] is not None

@@ -1,4 +1,4 @@
-"""The fleet's stale state: a stale transition that takes many nodes at once moves this one timestamp
+"""The fleet's states: a liveness transition that takes many nodes at once moves one of these timestamps
 instead of writing a row version per node (apps.nodes.liveness, bench/heartbeats 2026-12-06)."""
 
 from django.db import migrations, models
@@ -13,6 +13,11 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="listeningclock",
             name="fleet_stale_before",
+            field=models.DateTimeField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="listeningclock",
+            name="fleet_offline_before",
             field=models.DateTimeField(blank=True, null=True),
         ),
     ]
