@@ -177,6 +177,7 @@ def _cross_field_problems(report: HeartbeatReport) -> Any:
 # The planner takes jsonb_to_recordset for 100 rows and would hash-join whole tables (a sequential scan of
 # every node and every GPU per batch, measured); the endpoint's connections run it with nested loops on
 # the indexes and one generic plan (``fastpath.PLANNER_OPTIONS``).
+_CLOCK = ListeningClock._meta.db_table
 HEARTBEAT_SQL = f"""
 WITH h AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb) AS h(
@@ -186,12 +187,13 @@ WITH h AS MATERIALIZED (
 ), before AS (
     SELECT n.id, h.*,
            CASE WHEN n.liveness IN ('{Liveness.ONLINE}', '{Liveness.STALE}')
-                     AND n.last_heartbeat_at < clock.fleet_offline_before THEN '{Liveness.OFFLINE}'
+                     AND n.last_heartbeat_at < (SELECT fleet_offline_before FROM {_CLOCK})
+                THEN '{Liveness.OFFLINE}'
                 WHEN n.liveness = '{Liveness.ONLINE}'
-                     AND n.last_heartbeat_at < clock.fleet_stale_before THEN '{Liveness.STALE}'
+                     AND n.last_heartbeat_at < (SELECT fleet_stale_before FROM {_CLOCK})
+                THEN '{Liveness.STALE}'
                 ELSE n.liveness END AS liveness
     FROM h JOIN {Node._meta.db_table} AS n ON n.credential_hash = h.credential_hash
-    LEFT JOIN {ListeningClock._meta.db_table} AS clock ON TRUE
     ORDER BY n.id FOR UPDATE OF n
 ), node AS (
     UPDATE {Node._meta.db_table} AS n

@@ -34,6 +34,14 @@ def _held(clock: ListeningClock) -> dict[str, datetime | None]:
     return {"fleet_offline": clock.fleet_offline_before, "fleet_stale": clock.fleet_stale_before}
 
 
+def _sql(template: str, clock: ListeningClock) -> str:
+    """A statement with ``{now}`` read as the state as it is now -- the bare column while no fleet state is
+    set (the sweep clears them once no node is held by one): the ``CASE`` over every node was a third of
+    a sweep with nothing due (bench/heartbeats, 2026-12-06)."""
+    held = clock.fleet_offline_before is not None or clock.fleet_stale_before is not None
+    return template.replace("{now}", _LIVENESS_NOW if held else "liveness")
+
+
 # One statement moves every node due for a transition and writes its event, a row per node (a transition
 # of many nodes at once takes ``_FLEET`` instead; should one still move many here, it writes ONE event row
 # naming them all, the decision taken in the statement on what it really moved). The row locks are taken
@@ -42,9 +50,9 @@ def _held(clock: ListeningClock) -> dict[str, datetime | None]:
 # is never overwritten.
 _TRANSITION = f"""
 WITH due AS (
-    SELECT id, {_LIVENESS_NOW} AS liveness FROM {Node._meta.db_table}
+    SELECT id, {{now}} AS liveness FROM {Node._meta.db_table}
     WHERE liveness IN ('online', 'stale') AND last_heartbeat_at < %(before)s
-      AND {_LIVENESS_NOW} = ANY(%(from_states)s)
+      AND {{now}} = ANY(%(from_states)s)
     FOR UPDATE SKIP LOCKED
 ), moved AS (
     UPDATE {Node._meta.db_table} AS n SET liveness = %(to_state)s
@@ -76,9 +84,9 @@ FROM moved
 # once: its heartbeat is newer than the limit, and the heartbeat writes its row.
 _FLEET = f"""
 WITH due AS MATERIALIZED (
-    SELECT id, name, {_LIVENESS_NOW} AS from_state FROM {Node._meta.db_table}
+    SELECT id, name, {{now}} AS from_state FROM {Node._meta.db_table}
     WHERE liveness IN ('online', 'stale') AND last_heartbeat_at < %(before)s
-      AND {_LIVENESS_NOW} = ANY(%(from_states)s)
+      AND {{now}} = ANY(%(from_states)s)
 ), fleet_event AS (
     INSERT INTO {NodeEvent._meta.db_table} (node_id, nodes, kind, from_liveness, to_liveness, at, detail)
     SELECT NULL, array_agg(id), %(kind)s, string_agg(DISTINCT from_state, ',' ORDER BY from_state),
@@ -125,7 +133,7 @@ def _transition(
     the fleet's state on the clock."""
     many = due > _many_above(alive)
     cursor.execute(
-        _FLEET if many else _TRANSITION,
+        _sql(_FLEET if many else _TRANSITION, clock),
         {
             **_held(clock),
             "online": Liveness.ONLINE,
@@ -154,18 +162,19 @@ def _transition(
 # whether either transition has anything to do (a sweep with nothing due -- nearly every sweep -- then
 # reads the table once instead of three times). States as they are now (``_LIVENESS_NOW``).
 _CENSUS = f"""
-SELECT count(*) FILTER (WHERE last_heartbeat_at < %(stale_before)s
+SELECT count(*) FILTER (WHERE alive AND last_heartbeat_at < %(stale_before)s
                           AND (%(confirmed)s::timestamptz IS NULL OR last_heartbeat_at >= %(confirmed)s)),
-       count(*),
-       min(last_heartbeat_at) FILTER (WHERE last_heartbeat_at < %(before)s),
-       count(*) FILTER (WHERE last_heartbeat_at < %(before)s),
-       count(*) FILTER (WHERE last_heartbeat_at < LEAST(%(before)s, %(confirmed)s::timestamptz)),
-       count(*) FILTER (WHERE state = %(online)s AND last_heartbeat_at < %(stale_before)s)
+       count(*) FILTER (WHERE alive),
+       min(last_heartbeat_at) FILTER (WHERE alive AND last_heartbeat_at < %(before)s),
+       count(*) FILTER (WHERE alive AND last_heartbeat_at < %(before)s),
+       count(*) FILTER (WHERE alive AND last_heartbeat_at < LEAST(%(before)s, %(confirmed)s::timestamptz)),
+       count(*) FILTER (WHERE state = %(online)s AND last_heartbeat_at < %(stale_before)s),
+       count(*) FILTER (WHERE state <> liveness)
 FROM (
-    SELECT {_LIVENESS_NOW} AS state, last_heartbeat_at FROM {Node._meta.db_table}
-    WHERE liveness IN ('online', 'stale')
+    SELECT state, state IN ('online', 'stale') AS alive, liveness, last_heartbeat_at
+    FROM (SELECT {{now}} AS state, liveness, last_heartbeat_at FROM {Node._meta.db_table}
+          WHERE liveness IN ('online', 'stale')) AS n
 ) AS n
-WHERE state IN ('online', 'stale')
 """  # noqa: S608 -- the table name is ours
 
 
@@ -180,11 +189,12 @@ class _Census:
     offline_due: int  # silent past the offline limit, confirmed or not
     confirmed_due: int  # ... and silent since before an operator's confirmation of a mass loss
     stale_due: int  # online now and silent past the stale limit
+    held: int  # in a fleet state: their column says otherwise
 
 
 def _census(cursor: Any, clock: ListeningClock, offline_before: datetime, stale_before: datetime) -> _Census:
     cursor.execute(
-        _CENSUS,
+        _sql(_CENSUS, clock),
         {
             **_held(clock),
             "before": offline_before,
@@ -248,6 +258,10 @@ def sweep(now: datetime | None = None) -> SweepResult:
             # before the (shorter) stale limit.
             heard = not deaf and (since is None or since < stale_before)
             census = _census(cursor, clock, offline_before, stale_before) if heard else None
+            if census is not None and not census.held:
+                # No node is held by a fleet state: the timestamps have nothing left to say (a heartbeat
+                # only ever moves a node's forward).
+                clock.fleet_offline_before = clock.fleet_stale_before = None
             stale_due = census.stale_due if census is not None else 0
             offline = _Moved([])
             if census is not None and (since is None or since < offline_before):
@@ -375,7 +389,7 @@ SELECT a.code FROM {Alert._meta.db_table} a
 WHERE a.dedup_key = ANY(%(keys)s) AND a.cleared_at IS NULL
   AND NOT EXISTS (
     SELECT 1 FROM {Node._meta.db_table} n
-    WHERE {_LIVENESS_NOW} = CASE a.code WHEN %(stale_code)s THEN %(stale)s ELSE %(offline)s END
+    WHERE {{now}} = CASE a.code WHEN %(stale_code)s THEN %(stale)s ELSE %(offline)s END
       AND NOT EXISTS (SELECT 1 FROM {Alert._meta.db_table} o
                       WHERE o.dedup_key = a.code || %(node_infix)s || n.id::text AND o.cleared_at IS NULL))
 """  # noqa: S608 -- the table names are ours
@@ -387,7 +401,7 @@ def _clear_fleet_alerts(now: datetime, clock: ListeningClock) -> None:
     keys = [dedup_key_for(code, *listening.MASS_LOSS_SUBJECT) for code in FLEET_ALERTS]
     with connection.cursor() as cursor:
         cursor.execute(
-            _UNCOVERED,
+            _sql(_UNCOVERED, clock),
             {
                 "keys": keys,
                 "node_infix": dedup_key_for("", "node", ""),  # a node's own key is code + this + id

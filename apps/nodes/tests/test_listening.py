@@ -391,6 +391,14 @@ def test_many_nodes_going_stale_at_once_write_no_node_row_and_one_reporting_agai
     assert states()["n0"] == "online"
     (back,) = events_of(Node.objects.get(name="n0")).filter(to_liveness="online", from_liveness="stale")
     assert back.detail == "heartbeat"
+    # Once none is held by it, the next sweep clears the fleet's state (its statements read the bare column).
+    beat(credentials[1])
+    sweep()
+    assert ListeningClock.objects.get().fleet_stale_before is not None  # n2 is still held
+    beat(credentials[2])
+    sweep()
+    assert ListeningClock.objects.get().fleet_stale_before is None
+    assert states() == {"n0": "online", "n1": "online", "n2": "online", "n3": "online"}
 
 
 def test_a_node_held_stale_by_the_fleet_goes_offline_from_stale_when_it_is_not_many(clock, settings):
