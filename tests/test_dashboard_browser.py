@@ -86,3 +86,49 @@ def test_an_operator_builds_a_cluster_and_binds_a_capability_in_the_browser(live
     cluster = Cluster.objects.get(name="embed")
     assert cluster.algorithm == "least_connections" and cluster.members.count() == 1
     assert RoutingTier.objects.get().cluster == cluster
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fleet_held_stale_reads_stale_on_the_nodes_pages_in_the_browser(live_web, browser):
+    """Three of four nodes silent at once: the sweep holds them as the fleet's stale state (no node row
+    written, apps/nodes/liveness.py); the operator sees each stale, filters by it and opens one."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.nodes.liveness import sweep
+    from apps.nodes.models import Node
+    from apps.nodes.tests.factories import beat, make_node
+
+    for i in range(4):
+        _, credential = make_node(name=f"rack-{i}")
+        beat(credential)
+    Node.objects.exclude(name="rack-3").update(last_heartbeat_at=timezone.now() - timedelta(minutes=10))
+    moved = sweep()
+    assert sorted(name for _, name in moved.stale) == ["rack-0", "rack-1", "rack-2"]
+    assert Node.objects.filter(liveness="online").count() == 4  # the columns were not written
+
+    User.objects.create_superuser("ops", email="", password="correct-horse-battery-9")
+    page = browser.new_page()  # type: ignore[attr-defined]
+    try:
+        page.goto(live_web.url + "/login/")
+        page.fill("#id_username", "ops")
+        page.fill("#id_password", "correct-horse-battery-9")
+        page.click("button[type=submit]")
+        page.wait_for_selector("h1:has-text('Overview')")
+        page.goto(live_web.url + "/nodes/")
+        assert page.locator(".badge-stale:has-text('stale')").count() == 3
+        assert "NODE_MASS_LOSS" in page.locator("body").inner_text()  # the hold's callout
+        page.select_option("select[name=liveness]", "stale")
+        page.click("form.filters button[type=submit]")
+        page.wait_for_url("**liveness=stale**")
+        rows = page.locator("tbody tr")
+        assert rows.count() == 3 and "rack-3" not in page.locator("tbody").inner_text()
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "nodes-fleet-stale.png"), full_page=True)
+        page.click("a:has-text('rack-1')")
+        page.wait_for_selector("h1:has-text('rack-1')")
+        assert page.locator("h1 .badge-stale").inner_text() == "stale"
+        assert "went stale at once" in page.locator("body").inner_text()  # the fleet's alert covers it
+    finally:
+        page.close()

@@ -38,8 +38,11 @@ def _sql(template: str, clock: ListeningClock) -> str:
     """A statement with ``{now}`` read as the state as it is now -- the bare column while no fleet state is
     set (the sweep clears them once no node is held by one): the ``CASE`` over every node was a third of
     a sweep with nothing due (bench/heartbeats, 2026-12-06)."""
-    held = clock.fleet_offline_before is not None or clock.fleet_stale_before is not None
-    return template.replace("{now}", _LIVENESS_NOW if held else "liveness")
+    return template.replace("{now}", _LIVENESS_NOW if _holds(clock) else "liveness")
+
+
+def _holds(clock: ListeningClock) -> bool:
+    return clock.fleet_offline_before is not None or clock.fleet_stale_before is not None
 
 
 # One statement moves every node due for a transition and writes its event, a row per node (a transition
@@ -176,6 +179,19 @@ FROM (
           WHERE liveness IN ('online', 'stale')) AS n
 ) AS n
 """  # noqa: S608 -- the table name is ours
+# The same with no fleet state set (nearly always): every node it reads is alive and none is held; the
+# per-row tests above were a third of a sweep with nothing due (bench/heartbeats, 2026-12-06).
+_CENSUS_PLAIN = f"""
+SELECT count(*) FILTER (WHERE last_heartbeat_at < %(stale_before)s
+                          AND (%(confirmed)s::timestamptz IS NULL OR last_heartbeat_at >= %(confirmed)s)),
+       count(*),
+       min(last_heartbeat_at) FILTER (WHERE last_heartbeat_at < %(before)s),
+       count(*) FILTER (WHERE last_heartbeat_at < %(before)s),
+       count(*) FILTER (WHERE last_heartbeat_at < LEAST(%(before)s, %(confirmed)s::timestamptz)),
+       count(*) FILTER (WHERE liveness = %(online)s AND last_heartbeat_at < %(stale_before)s),
+       0
+FROM {Node._meta.db_table} WHERE liveness IN ('online', 'stale')
+"""  # noqa: S608 -- the table name is ours
 
 
 @dataclass
@@ -194,7 +210,7 @@ class _Census:
 
 def _census(cursor: Any, clock: ListeningClock, offline_before: datetime, stale_before: datetime) -> _Census:
     cursor.execute(
-        _sql(_CENSUS, clock),
+        _sql(_CENSUS, clock) if _holds(clock) else _CENSUS_PLAIN,
         {
             **_held(clock),
             "before": offline_before,
