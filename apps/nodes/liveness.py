@@ -36,8 +36,8 @@ def _held(clock: ListeningClock) -> dict[str, datetime | None]:
 
 def _sql(template: str, clock: ListeningClock) -> str:
     """A statement with ``{now}`` read as the state as it is now -- the bare column while no fleet state is
-    set (the sweep clears them once no node is held by one): the ``CASE`` over every node was a third of
-    a sweep with nothing due (bench/heartbeats, 2026-12-06)."""
+    set (the sweep clears them once no node is held by one), so that a sweep with nothing due works out
+    no state per row (bench/heartbeats, 2026-12-06)."""
     return template.replace("{now}", _LIVENESS_NOW if _holds(clock) else "liveness")
 
 
@@ -179,8 +179,8 @@ FROM (
           WHERE liveness IN ('online', 'stale')) AS n
 ) AS n
 """  # noqa: S608 -- the table name is ours
-# The same with no fleet state set (nearly always): every node it reads is alive and none is held; the
-# per-row tests above were a third of a sweep with nothing due (bench/heartbeats, 2026-12-06).
+# The same with no fleet state set (nearly always): every node it reads is alive and none is held, and no
+# state is worked out per row (bench/heartbeats, 2026-12-06).
 _CENSUS_PLAIN = f"""
 SELECT count(*) FILTER (WHERE last_heartbeat_at < %(stale_before)s
                           AND (%(confirmed)s::timestamptz IS NULL OR last_heartbeat_at >= %(confirmed)s)),
