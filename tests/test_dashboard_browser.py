@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import User
 
-from tests.fixtures import ARTIFACTS
+from tests.fixtures import ARTIFACTS, log_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.stack]
 
@@ -56,10 +56,7 @@ def test_an_operator_builds_a_cluster_and_binds_a_capability_in_the_browser(live
     User.objects.create_superuser("ops", email="", password="correct-horse-battery-9")
     page = browser.new_page()  # type: ignore[attr-defined]
     try:
-        page.goto(live_web.url + "/login/")
-        page.fill("#id_username", "ops")
-        page.fill("#id_password", "correct-horse-battery-9")
-        page.click("button[type=submit]")
+        log_in(page, live_web.url, "ops", "correct-horse-battery-9")
         page.wait_for_selector("h1:has-text('Overview')")
         page.goto(live_web.url + "/clusters/")
         page.fill("#create-capability input[name=name]", "RAG.embedding@1")  # refused: not written exactly
@@ -111,10 +108,7 @@ def test_a_fleet_held_stale_reads_stale_on_the_nodes_pages_in_the_browser(live_w
     User.objects.create_superuser("ops", email="", password="correct-horse-battery-9")
     page = browser.new_page()  # type: ignore[attr-defined]
     try:
-        page.goto(live_web.url + "/login/")
-        page.fill("#id_username", "ops")
-        page.fill("#id_password", "correct-horse-battery-9")
-        page.click("button[type=submit]")
+        log_in(page, live_web.url, "ops", "correct-horse-battery-9")
         page.wait_for_selector("h1:has-text('Overview')")
         page.goto(live_web.url + "/nodes/")
         assert page.locator(".badge-stale:has-text('stale')").count() == 3

@@ -26,7 +26,7 @@ from django.db import connection
 from apps.alerts.models import Alert
 from apps.nodes import codes
 from apps.nodes.choices import EventKind, Liveness
-from apps.nodes.models import GPU, ListeningClock, Node, NodeEvent, digest
+from apps.nodes.models import GPU, ListeningClock, Node, NodeEvent, digest, liveness_now_sql
 from modelforge.jsonbounds import json_has_nul, nul_message
 
 MAX_GPUS = 64
@@ -178,6 +178,13 @@ def _cross_field_problems(report: HeartbeatReport) -> Any:
 # every node and every GPU per batch, measured); the endpoint's connections run it with nested loops on
 # the indexes and one generic plan (``fastpath.PLANNER_OPTIONS``).
 _CLOCK = ListeningClock._meta.db_table
+# The node's state before this heartbeat, fleet states included; the clock is read as two one-row
+# subqueries (joining its row made a heartbeat six times costlier in PostgreSQL, bench/heartbeats 2026-12-06).
+_WAS = liveness_now_sql(
+    f"(SELECT fleet_offline_before FROM {_CLOCK})",  # noqa: S608 -- table names are ours
+    f"(SELECT fleet_stale_before FROM {_CLOCK})",  # noqa: S608
+    table="n",
+)
 HEARTBEAT_SQL = f"""
 WITH h AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb) AS h(
@@ -185,14 +192,7 @@ WITH h AS MATERIALIZED (
         cpu_count int, load_1m float8, memory_total bigint, memory_available bigint, shm_total bigint,
         shm_free bigint, models jsonb, gpus jsonb)
 ), before AS (
-    SELECT n.id, h.*,
-           CASE WHEN n.liveness IN ('{Liveness.ONLINE}', '{Liveness.STALE}')
-                     AND n.last_heartbeat_at < (SELECT fleet_offline_before FROM {_CLOCK})
-                THEN '{Liveness.OFFLINE}'
-                WHEN n.liveness = '{Liveness.ONLINE}'
-                     AND n.last_heartbeat_at < (SELECT fleet_stale_before FROM {_CLOCK})
-                THEN '{Liveness.STALE}'
-                ELSE n.liveness END AS liveness
+    SELECT n.id, h.*, {_WAS} AS liveness
     FROM h JOIN {Node._meta.db_table} AS n ON n.credential_hash = h.credential_hash
     ORDER BY n.id FOR UPDATE OF n
 ), node AS (

@@ -15,19 +15,17 @@ from apps.alerts.choices import Severity
 from apps.alerts.models import Alert, dedup_key_for
 from apps.nodes import codes, listening, signals
 from apps.nodes.choices import EventKind, Liveness
-from apps.nodes.models import ListeningClock, Node, NodeEvent
+from apps.nodes.models import ListeningClock, Node, NodeEvent, liveness_now_sql
 from apps.nodes.signals import nodes_went_offline
 
 # A node's liveness as it is now (models.liveness_now): its column, except that an online or stale node
 # silent since before the clock's ``fleet_offline_before`` is offline, and an online node silent since
 # before its ``fleet_stale_before`` is stale. A transition that takes many nodes at once is written as
 # that one fleet state (``_FLEET``) instead of a row version per node. Parameters: ``_held(clock)``.
-_LIVENESS_NOW = """(CASE
-    WHEN liveness IN ('online', 'stale')
-         AND last_heartbeat_at < COALESCE(%(fleet_offline)s::timestamptz, '-infinity') THEN 'offline'
-    WHEN liveness = 'online'
-         AND last_heartbeat_at < COALESCE(%(fleet_stale)s::timestamptz, '-infinity') THEN 'stale'
-    ELSE liveness END)"""
+_LIVENESS_NOW = liveness_now_sql(
+    "COALESCE(%(fleet_offline)s::timestamptz, '-infinity')",
+    "COALESCE(%(fleet_stale)s::timestamptz, '-infinity')",
+)
 
 
 def _held(clock: ListeningClock) -> dict[str, datetime | None]:
@@ -45,12 +43,12 @@ def _holds(clock: ListeningClock) -> bool:
     return clock.fleet_offline_before is not None or clock.fleet_stale_before is not None
 
 
-# One statement moves every node due for a transition and writes its event, a row per node (a transition
-# of many nodes at once takes ``_FLEET`` instead; should one still move many here, it writes ONE event row
-# naming them all, the decision taken in the statement on what it really moved). The row locks are taken
-# with SKIP LOCKED: a node whose heartbeat is being recorded right now is not due, and the next sweep sees
-# its fresh timestamp. The WHERE clause is re-checked under the lock, so a heartbeat that committed first
-# is never overwritten.
+# One statement moves every node due for a transition and writes its event, a row per node. It runs only
+# when the census counted few nodes due (many take ``_FLEET``), and a transition can only move fewer than
+# the census counted under the same limit -- a heartbeat only makes a node's timestamp newer -- so it never
+# writes a fleet's worth of rows. The row locks are taken with SKIP LOCKED: a node whose heartbeat is being
+# recorded right now is not due, and the next sweep sees its fresh timestamp. The WHERE clause is
+# re-checked under the lock, so a heartbeat that committed first is never overwritten.
 _TRANSITION = f"""
 WITH due AS (
     SELECT id, {{now}} AS liveness FROM {Node._meta.db_table}
@@ -61,22 +59,11 @@ WITH due AS (
     UPDATE {Node._meta.db_table} AS n SET liveness = %(to_state)s
     FROM due WHERE n.id = due.id
     RETURNING n.id, n.name, due.liveness AS from_state
-), fleet AS (
-    SELECT count(*) > %(many_above)s AS many FROM moved
 ), node_events AS (
-    INSERT INTO {NodeEvent._meta.db_table} (node_id, nodes, kind, from_liveness, to_liveness, at, detail)
-    SELECT id, NULL, %(kind)s, from_state, %(to_state)s, %(now)s, %(detail)s
-    FROM moved WHERE NOT (SELECT many FROM fleet)
-), fleet_event AS (
-    INSERT INTO {NodeEvent._meta.db_table} (node_id, nodes, kind, from_liveness, to_liveness, at, detail)
-    SELECT NULL, array_agg(id), %(kind)s, string_agg(DISTINCT from_state, ',' ORDER BY from_state),
-           %(to_state)s, %(now)s, %(detail)s || ' (' || count(*) || ' nodes at once)'
-    FROM moved HAVING (SELECT many FROM fleet)
-    RETURNING id
+    INSERT INTO {NodeEvent._meta.db_table} (node_id, kind, from_liveness, to_liveness, at, detail)
+    SELECT id, %(kind)s, from_state, %(to_state)s, %(now)s, %(detail)s FROM moved
 )
-SELECT id::text, name, (SELECT count(*) FROM moved WHERE from_state = %(online)s),
-       (SELECT id FROM fleet_event)
-FROM moved
+SELECT id::text, name, (SELECT count(*) FROM moved WHERE from_state = %(online)s), NULL::bigint FROM moved
 """  # noqa: S608 -- table names are ours
 
 # A transition that takes many nodes at once (more than ``many_above``, the mass-loss guard's "many") writes
@@ -140,7 +127,6 @@ def _transition(
         {
             **_held(clock),
             "online": Liveness.ONLINE,
-            "many_above": _many_above(alive),
             "from_states": from_states,
             "to_state": to_state,
             "before": before,

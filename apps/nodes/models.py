@@ -47,6 +47,20 @@ def liveness_now() -> models.Case:
     )
 
 
+def liveness_now_sql(offline_before: str, stale_before: str, table: str = "") -> str:
+    """``liveness_now()`` as raw SQL, for the sweep's and the heartbeat's own statements: the two limits are
+    SQL expressions (a parameter, or a subquery on the clock; NULL when no fleet state is set), ``table``
+    the alias the columns are qualified with."""
+    col = f"{table}." if table else ""
+    return (
+        f"(CASE WHEN {col}liveness IN ('{Liveness.ONLINE}', '{Liveness.STALE}')"
+        f" AND {col}last_heartbeat_at < {offline_before} THEN '{Liveness.OFFLINE}'"
+        f" WHEN {col}liveness = '{Liveness.ONLINE}'"
+        f" AND {col}last_heartbeat_at < {stale_before} THEN '{Liveness.STALE}'"
+        f" ELSE {col}liveness END)"
+    )
+
+
 class NodeQuerySet(models.QuerySet["Node"]):
     def with_liveness(self) -> NodeQuerySet:
         """Each node with ``liveness_now`` read in the same statement (lists: no query per node)."""
