@@ -371,7 +371,7 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     # DRF's JSON parser with the nesting depth and NUL characters bounded (JSON_TOO_DEEP, VALIDATION_ERROR).
     "DEFAULT_PARSER_CLASSES": ["modelforge.parsers.BoundedJSONParser"],
-    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_FILTER_BACKENDS": ["modelforge.filters.FilterBackend"],
     # limit 1..API_MAX_PAGE_SIZE, offset 0..bigint: out of range is a 400 naming the parameter.
     "DEFAULT_PAGINATION_CLASS": "modelforge.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,

@@ -126,3 +126,34 @@ def test_a_fleet_held_stale_reads_stale_on_the_nodes_pages_in_the_browser(live_w
         assert "went stale at once" in page.locator("body").inner_text()  # the fleet's alert covers it
     finally:
         page.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_filter_value_the_nodes_page_cannot_read_is_refused_in_the_browser(live_web, browser):
+    """``?enabled=flase`` lists nothing and says why (modelforge/filters.py); the select then filters."""
+    from apps.nodes.tests.factories import beat, make_node
+
+    _, credential = make_node(name="on-a")
+    make_node(name="off-b", enabled=False)
+    beat(credential)
+    User.objects.create_superuser("ops", email="", password="correct-horse-battery-9")
+    page = browser.new_page()  # type: ignore[attr-defined]
+    try:
+        log_in(page, live_web.url, "ops", "correct-horse-battery-9")
+        page.goto(live_web.url + "/nodes/?enabled=flase")
+        callout = page.locator("#filter-errors")
+        assert callout.is_visible() and "enabled" in callout.inner_text()
+        assert "on-a" not in page.locator("tbody").inner_text()
+        assert page.locator("select[name=enabled]").input_value() == ""  # shown as "any", not as a guess
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "nodes-filter-refused.png"), full_page=True)
+        page.select_option("select[name=enabled]", "false")
+        page.click("form.filters button[type=submit]")
+        page.wait_for_url("**enabled=false**")
+        assert page.locator("#filter-errors").count() == 0
+        assert (
+            "off-b" in page.locator("tbody").inner_text() and "on-a" not in page.locator("tbody").inner_text()
+        )
+        assert page.locator("select[name=enabled]").input_value() == "false"
+    finally:
+        page.close()

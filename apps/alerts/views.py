@@ -10,6 +10,7 @@ from apps.alerts import codes
 from apps.alerts.filtersets import AlertFilterSet
 from apps.alerts.models import Alert
 from modelforge.errors import describe_validation
+from modelforge.filters import filtered
 
 
 @staff_member_required(login_url="dashboard:login")
@@ -18,7 +19,7 @@ def alert_list(request: HttpRequest) -> HttpResponse:
     if "open" not in data:
         data["open"] = "true"
     filterset = AlertFilterSet(data, queryset=Alert.objects.all())
-    page = Paginator(filterset.qs, 50).get_page(request.GET.get("page"))
+    page = Paginator(filtered(filterset), 50).get_page(request.GET.get("page"))
     return render(
         request,
         "alerts/alert_list.html",

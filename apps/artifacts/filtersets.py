@@ -1,17 +1,16 @@
 """One filter per list, for the API and the dashboard alike."""
 
-import django_filters
-
 from apps.artifacts.models import Artifact, Replica
+from modelforge.filters import FilterSet
 
 
-class ArtifactFilterSet(django_filters.FilterSet):
+class ArtifactFilterSet(FilterSet):
     class Meta:
         model = Artifact
         fields = ["state", "source_kind"]
 
 
-class ReplicaFilterSet(django_filters.FilterSet):
+class ReplicaFilterSet(FilterSet):
     class Meta:
         model = Replica
         fields = ["state", "node", "artifact"]

@@ -20,6 +20,7 @@ from apps.artifacts.tasks import acquire
 from apps.nodes.models import Node
 from modelforge.dispatch import send_on_commit
 from modelforge.errors import ApiError, describe_validation
+from modelforge.filters import filtered
 from modelforge.lookups import by_pk
 from modelforge.validators import checked_text
 
@@ -29,9 +30,15 @@ staff_required: Any = staff_member_required(login_url="dashboard:login")
 @staff_required
 def artifact_list(request: HttpRequest) -> HttpResponse:
     state = request.GET.get("state", "")
-    queryset = ArtifactFilterSet(request.GET, queryset=Artifact.objects.all()).qs
-    page = Paginator(queryset, 50).get_page(request.GET.get("page"))
-    context = {"page": page, "state": state, "source_kinds": SourceKind.choices, "active_nav": "artifacts"}
+    filterset = ArtifactFilterSet(request.GET, queryset=Artifact.objects.all())
+    page = Paginator(filtered(filterset), 50).get_page(request.GET.get("page"))
+    context = {
+        "filter": filterset,
+        "page": page,
+        "state": state,
+        "source_kinds": SourceKind.choices,
+        "active_nav": "artifacts",
+    }
     return render(request, "artifacts/artifact_list.html", context)
 
 

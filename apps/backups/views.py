@@ -20,6 +20,7 @@ from apps.backups.models import Backup, Restore
 from apps.backups.tasks import run_restore, take_backup
 from modelforge.dispatch import send_on_commit
 from modelforge.errors import ApiError
+from modelforge.filters import filtered
 from modelforge.validators import checked_text
 
 staff_required: Any = staff_member_required(login_url="dashboard:login")
@@ -28,9 +29,10 @@ staff_required: Any = staff_member_required(login_url="dashboard:login")
 @staff_required
 def backup_list(request: HttpRequest) -> HttpResponse:
     state = request.GET.get("state", "")
-    queryset = BackupFilterSet(request.GET, queryset=Backup.objects.all()).qs
+    filterset = BackupFilterSet(request.GET, queryset=Backup.objects.all())
     context = {
-        "page": Paginator(queryset, 50).get_page(request.GET.get("page")),
+        "filter": filterset,
+        "page": Paginator(filtered(filterset), 50).get_page(request.GET.get("page")),
         "state": state,
         "newest": Backup.objects.newest_verified(),
         "rpo_exposure": snapshot.rpo_exposure(),

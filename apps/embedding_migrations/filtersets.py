@@ -1,11 +1,10 @@
 """One filter per list, for the API and the dashboard alike."""
 
-import django_filters
-
 from apps.embedding_migrations.models import Cutover
+from modelforge.filters import FilterSet
 
 
-class CutoverFilterSet(django_filters.FilterSet):
+class CutoverFilterSet(FilterSet):
     class Meta:
         model = Cutover
         fields = ["stage", "alias"]

@@ -19,6 +19,7 @@ from apps.embedding_migrations.choices import Stage
 from apps.embedding_migrations.filtersets import CutoverFilterSet
 from apps.embedding_migrations.models import ConsumerAlias, Cutover, EmbeddingSpace, VectorStore
 from modelforge.errors import ApiError
+from modelforge.filters import filtered
 from modelforge.validators import checked_text
 
 staff_required: Any = staff_member_required(login_url="dashboard:login")
@@ -35,12 +36,13 @@ ACTIONS: dict[str, tuple[Callable[..., Cutover], bool]] = {
 @staff_required
 def cutover_list(request: HttpRequest) -> HttpResponse:
     stage = request.GET.get("stage", "")
-    queryset = CutoverFilterSet(
+    filterset = CutoverFilterSet(
         request.GET,
         queryset=Cutover.objects.select_related("alias__store", "source_capability", "target_capability"),
-    ).qs
+    )
     context = {
-        "page": Paginator(queryset, 50).get_page(request.GET.get("page")),
+        "filter": filterset,
+        "page": Paginator(filtered(filterset), 50).get_page(request.GET.get("page")),
         "stage": stage,
         "stages": Stage.choices,
         "aliases": ConsumerAlias.objects.select_related("store", "capability", "query_capability"),

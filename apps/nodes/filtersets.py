@@ -2,15 +2,16 @@ import django_filters
 
 from apps.nodes.choices import Accelerator, Liveness
 from apps.nodes.models import EnrollmentToken, Node, NodeQuerySet
+from modelforge.filters import BooleanFilter, FilterSet
 
 
-class NodeFilterSet(django_filters.FilterSet):
+class NodeFilterSet(FilterSet):
     """One filter for the API and the dashboard list."""
 
     # As it is now: the fleet's stale state included (models.liveness_now).
     liveness = django_filters.ChoiceFilter(choices=Liveness.choices, method="filter_liveness")
     accelerator = django_filters.ChoiceFilter(choices=Accelerator.choices)
-    enabled = django_filters.BooleanFilter()
+    enabled = BooleanFilter()
     name = django_filters.CharFilter(lookup_expr="icontains")
 
     class Meta:
@@ -21,8 +22,8 @@ class NodeFilterSet(django_filters.FilterSet):
         return queryset.in_liveness(value)
 
 
-class EnrollmentTokenFilterSet(django_filters.FilterSet):
-    used = django_filters.BooleanFilter(field_name="used_at", lookup_expr="isnull", exclude=True)
+class EnrollmentTokenFilterSet(FilterSet):
+    used = BooleanFilter(field_name="used_at", lookup_expr="isnull", exclude=True)
 
     class Meta:
         model = EnrollmentToken

@@ -19,6 +19,7 @@ from apps.nodes.filtersets import NodeFilterSet
 from apps.nodes.models import EnrollmentToken, ListeningClock, Node, events_of
 from apps.nodes.tasks import ping_node
 from modelforge.errors import ApiError, describe_validation
+from modelforge.filters import filtered
 
 staff_required: Any = staff_member_required(login_url="dashboard:login")
 
@@ -26,7 +27,7 @@ staff_required: Any = staff_member_required(login_url="dashboard:login")
 @staff_required
 def node_list(request: HttpRequest) -> HttpResponse:
     filterset = NodeFilterSet(request.GET, queryset=Node.objects.with_liveness().prefetch_related("gpus"))
-    page = Paginator(filterset.qs, 50).get_page(request.GET.get("page"))
+    page = Paginator(filtered(filterset), 50).get_page(request.GET.get("page"))
     context = {
         "filter": filterset,
         "page": page,

@@ -2,9 +2,10 @@ import django_filters
 
 from apps.servers.choices import ServerState
 from apps.servers.models import ModelServer
+from modelforge.filters import FilterSet
 
 
-class ModelServerFilterSet(django_filters.FilterSet):
+class ModelServerFilterSet(FilterSet):
     """One filter for the API and the dashboard list."""
 
     state = django_filters.ChoiceFilter(choices=ServerState.choices)

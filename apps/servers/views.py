@@ -25,6 +25,7 @@ from apps.servers.profiles import runtime_profiles
 from apps.servers.scheduler import PlacementRefused
 from apps.servers.usage import used_by
 from modelforge.errors import ApiError
+from modelforge.filters import filtered
 
 staff_required: Any = staff_member_required(login_url="dashboard:login")
 
@@ -32,7 +33,7 @@ staff_required: Any = staff_member_required(login_url="dashboard:login")
 @staff_required
 def server_list(request: HttpRequest) -> HttpResponse:
     filterset = ModelServerFilterSet(request.GET, queryset=ModelServer.objects.select_related("node"))
-    page = Paginator(filterset.qs, 50).get_page(request.GET.get("page"))
+    page = Paginator(filtered(filterset), 50).get_page(request.GET.get("page"))
     return render(
         request, "servers/server_list.html", {"filter": filterset, "page": page, "active_nav": "servers"}
     )
