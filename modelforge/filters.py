@@ -22,24 +22,21 @@ from django_filters import rest_framework as drf_filters
 _BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
 
 
+def _read_boolean(value: Any) -> bool | None:
+    """True or False for a value it can read (``True``, ``"true"``, ``"0"``...), else None."""
+    return _BOOLEANS.get(str(value).strip().lower())
+
+
 class StrictBooleanWidget(forms.Select):
-    """The dashboard's any/yes/no select; hands an unreadable value on as it came, for the field to refuse."""
+    """The dashboard's any/yes/no select. Select's own reading hands the value on as it came, for the field
+    to read or refuse (django-filter's widgets map an unknown value to None first, which drops the filter)."""
 
     def __init__(self, attrs: dict[str, Any] | None = None) -> None:
         super().__init__(attrs, choices=(("", "any"), ("true", "yes"), ("false", "no")))
 
     def format_value(self, value: Any) -> list[str]:  # type: ignore[override]  # a Select formats a list
-        if value is True or value is False:
-            return ["true" if value else "false"]
-        if isinstance(value, str) and value.lower() in _BOOLEANS:
-            return ["true" if _BOOLEANS[value.lower()] else "false"]
-        return [""]
-
-    def value_from_datadict(self, data: Any, files: Any, name: str) -> Any:
-        value = data.get(name)
-        if isinstance(value, str):
-            return _BOOLEANS.get(value.strip().lower(), value)
-        return value
+        read = _read_boolean(value)
+        return [""] if read is None else ["true" if read else "false"]
 
 
 class StrictBooleanField(forms.NullBooleanField):
@@ -47,14 +44,12 @@ class StrictBooleanField(forms.NullBooleanField):
     default_error_messages = {"invalid": "%(value)r is not a boolean: use true or false (or 1 or 0)."}
 
     def to_python(self, value: Any) -> bool | None:  # type: ignore[override]  # None: no filter
-        if value is True or value is False or value is None:
-            return value
-        if isinstance(value, str):
-            if not value.strip():
-                return None
-            if value.strip().lower() in _BOOLEANS:
-                return _BOOLEANS[value.strip().lower()]
-        raise ValidationError(self.error_messages["invalid"], code="invalid", params={"value": value})
+        if value is None or not str(value).strip():
+            return None
+        read = _read_boolean(value)
+        if read is None:
+            raise ValidationError(self.error_messages["invalid"], code="invalid", params={"value": value})
+        return read
 
     def validate(self, value: Any) -> None:
         return None
