@@ -78,10 +78,19 @@ def throwaway_stack(
 
 
 def start_web(
-    env: dict[str, str], port: int, *, workers: int = 1, pin_core: str | None = "0", new_session: bool = True
+    env: dict[str, str],
+    port: int,
+    *,
+    workers: int = 1,
+    pin_core: str | None = "0",
+    new_session: bool = True,
+    prefix: list[str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """The web application under gunicorn + uvicorn workers on 127.0.0.1:``port`` (pinned to a core)."""
+    """The web application under gunicorn + uvicorn workers on 127.0.0.1:``port`` (pinned to a core);
+    ``prefix``: a command it runs under (valgrind)."""
     argv = [PYTHON, "-m", "gunicorn", "-c", "python:modelforge.gunicorn_conf", "modelforge.asgi:application"]
+    if prefix:
+        argv = [*prefix, *argv]
     if pin_core is not None:
         argv = ["taskset", "-c", pin_core, *argv]
     return subprocess.Popen(

@@ -282,7 +282,10 @@ def main() -> int:
                 from django.conf import settings
 
                 stats = redis.Redis.from_url(settings.CELERY_BROKER_URL).info("commandstats")
-                calls = {name.removeprefix("cmdstat_"): v["calls"] for name, v in stats.items()}
+                calls = {
+                    name.removeprefix("cmdstat_"): f"{v['calls']} calls, {v['usec'] / 1000:,.0f} ms"
+                    for name, v in stats.items()
+                }
                 print("Redis commands in the run (with the script's own):", dict(sorted(calls.items())))
             print(
                 "| workload | conns | direct rps | gateway rps | direct p50 | gateway p50 | added p50 | "

@@ -1,0 +1,235 @@
+"""The gateway worker's own work per request in instructions, counted by valgrind's callgrind: a figure
+that does not move with the VM's speed.
+
+    python bench/gateway/instructions.py [--requests 1000] [--pairs 3] [--workloads embeddings,stream]
+                                         [--limits]
+
+``run.py``'s CPU per request moves by half from one VM of this kind to the next, and by a third between
+runs on one VM (bench/gateway/README.md), so a change worth a few microseconds cannot be shown with it.
+Here the web application runs under ``valgrind --tool=callgrind`` (gunicorn, one uvicorn worker) beside
+the same backend as ``run.py``; the master starts uninstrumented and is switched on once it is up, so
+every worker it forks from then on is counted from its first instruction to its exit (the worker's
+``callgrind.out.<pid>``; ``callgrind_control`` cannot reach a forked worker, only the master).
+
+A row is the difference of two worker lives, a pair: each life is warmed up (``WARM`` requests: pools,
+routing table), then one makes ``--requests`` requests one after another over one keep-alive connection
+and the other ``FEW``, then waits until it has lived as long (the worker's timers and threads tick by the
+clock, so both lives hold as much of them). Instructions per request = (longer life - shorter life) /
+(``--requests`` - ``FEW``); the row gives the median of ``--pairs`` pairs and each pair's figure. On a
+quiet machine a pair's figure moves by about 4 % (1,000 requests; the timers' share varies), now and
+then more: the median is the figure.
+
+User-space instructions only: the kernel's share of a request (its socket writes and reads, about a
+quarter of the worker's CPU in ``perf``) is not in it, and instructions are not seconds. It is the
+figure to compare two versions of the request path with, on any VM; ``run.py`` remains the bench's
+latency and CPU figure. Rows with ``--limits``: one request at a time under valgrind is some fifty times
+slower than the limiter's timing assumes (credit per quarter second, releases within 2 ms), so the
+limited path runs differently here than natively.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import PYTHON, free_port, route_to_one_backend, start_web, throwaway_stack, wait_http
+from run import BODIES, group_pids
+
+HERE = Path(__file__).resolve().parent
+UVICORN = [
+    PYTHON,
+    "-m",
+    "uvicorn",
+    "--loop",
+    "uvloop",
+    "--http",
+    "httptools",
+    "--log-level",
+    "warning",
+    "--no-access-log",
+]
+FEW = 100  # requests in the life that is taken off (the same length, padded with a wait)
+KEEP: list[Path] = []  # --keep: the folder the worker lives' dumps are copied to
+WARM = 200  # requests before the counted ones, in every worker life: pools, routing table, credit
+LIMITS: dict[str, int | None] = {
+    "requests_per_minute": 10**9,
+    "tokens_per_minute": 10**15,
+    "max_concurrent": 10**6,
+    "tokens_per_day": 10**15,
+    "tokens_per_month": 10**15,
+}
+
+
+def control(*args: str) -> None:
+    out = subprocess.run(["callgrind_control", *args], capture_output=True, text=True)
+    if out.returncode or "Error" in out.stdout or "Error" in out.stderr:
+        raise SystemExit(f"callgrind_control {' '.join(args)}: {out.stdout}{out.stderr}")
+
+
+def worker_of(master: int, not_these: set[int]) -> int:
+    """The gunicorn worker of ``master`` that is not one of ``not_these``, once it runs."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        pids = set(group_pids(master)) - {master} - not_these
+        if pids:
+            return max(pids)
+        time.sleep(0.2)
+    raise SystemExit("the web application started no new worker")
+
+
+def life(master: int, workdir: Path, port: int, gone: set[int], warm: Any, action: Any) -> tuple[int, float]:
+    """The next worker (instrumented: forked after the master's instrumentation was switched on): warm
+    it up, run ``action``, stop it and read the instructions its dump counted. Returns (instructions,
+    seconds ``action`` took)."""
+    worker = worker_of(master, gone)
+    wait_http(f"http://127.0.0.1:{port}/healthz", seconds=300)
+    warm()
+    started = time.monotonic()
+    action()
+    seconds = time.monotonic() - started
+    stop(worker)
+    gone.add(worker)
+    dump = workdir / f"callgrind.out.{worker}"
+    text = dump.read_text(errors="replace")
+    match = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
+    if match is None:
+        raise SystemExit(f"no totals in {dump}")
+    if KEEP:
+        shutil.copy(dump, KEEP[0])  # to read with callgrind_annotate
+    dump.unlink()
+    return int(match.group(1)), seconds
+
+
+def stop(pid: int) -> None:
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    raise SystemExit(f"worker {pid} did not stop")
+
+
+def requester(port: int, path: str, body: dict[str, Any], key: str, count: int) -> Any:
+    payload = json.dumps(body).encode()
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+
+    def run() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        for _ in range(count):
+            conn.request("POST", path, payload, headers)
+            response = conn.getresponse()
+            response.read()
+            if response.status != 200:
+                raise SystemExit(f"the gateway answered {response.status} on {path}")
+        conn.close()
+
+    return run
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=1000, help="requests in the longer life of a pair")
+    parser.add_argument(
+        "--keep", metavar="DIR", type=Path, help="copy each worker life's callgrind dump here"
+    )
+    parser.add_argument("--pairs", type=int, default=3, help="pairs of worker lives per row (the median)")
+    parser.add_argument("--workloads", default="embeddings,stream")
+    parser.add_argument(
+        "--limits",
+        action="store_true",
+        help="add a row per workload for a credential with limits (one request at a time under valgrind is "
+        "slower than the limits' timing assumes: their figure is not the native path's, see the README)",
+    )
+    args = parser.parse_args()
+    workloads = args.workloads.split(",")
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        KEEP.append(args.keep)
+    processes: list[subprocess.Popen[bytes]] = []
+    with throwaway_stack() as (workdir, env):
+        from apps.clusters.models import ClientCredential
+
+        backend_port, gateway_port = free_port(), free_port()
+        route_to_one_backend("127.0.0.1", backend_port)
+        scopes = ["rag.embedding@1", "chat.general@1"]
+        _, key = ClientCredential.objects.mint(name="bench", scopes=scopes)
+        _, limited_key = ClientCredential.objects.mint(name="bench-limited", scopes=scopes, limits=LIMITS)
+        try:
+            backend = subprocess.Popen(
+                [*UVICORN, "backend:app", "--port", str(backend_port)],
+                cwd=HERE,
+                env=env,
+                start_new_session=True,
+            )
+            processes.append(backend)
+            valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--trace-children=no"]
+            valgrind += [f"--callgrind-out-file={workdir}/callgrind.out.%p", "--quiet"]
+            gateway = start_web(env, gateway_port, pin_core=None, prefix=valgrind)
+            processes.append(gateway)
+            wait_http(f"http://127.0.0.1:{backend_port}/health")
+            wait_http(f"http://127.0.0.1:{gateway_port}/healthz", seconds=300)
+            first = worker_of(gateway.pid, set())
+            control("-i", "on", str(gateway.pid))  # the workers forked from now on are counted
+            stop(first)
+            gone = {first}
+            (workdir / f"callgrind.out.{first}").unlink(missing_ok=True)
+            print(
+                f"gateway worker instructions per request: {args.pairs} pairs of worker lives a row, "
+                f"{args.requests} and {FEW} sequential requests"
+            )
+            print("| workload | instructions/request, median | pairs |")
+            print("|---|---:|---|")
+            for workload in workloads:
+                path, body = BODIES[workload]
+                rows = [(workload, key)] + ([(f"{workload} (limits)", limited_key)] if args.limits else [])
+                for label, credential in rows:
+                    warm = requester(gateway_port, path, body, credential, WARM)
+                    few = requester(gateway_port, path, body, credential, FEW)
+                    many = requester(gateway_port, path, body, credential, args.requests)
+                    figures = []
+                    for _ in range(args.pairs):
+                        with_many, seconds = life(gateway.pid, workdir, gateway_port, gone, warm, many)
+
+                        def few_then_wait(seconds: float = seconds, few: Any = few) -> None:
+                            started = time.monotonic()
+                            few()
+                            time.sleep(max(0.0, seconds - (time.monotonic() - started)))
+
+                        with_few, _ = life(gateway.pid, workdir, gateway_port, gone, warm, few_then_wait)
+                        figures.append((with_many - with_few) / (args.requests - FEW))
+                    each = ", ".join(f"{f:,.0f}" for f in figures)
+                    print(f"| {label} | {statistics.median(figures):,.0f} | {each} |")
+        finally:
+            for process in processes:
+                try:
+                    os.killpg(process.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    continue
+            for process in processes:
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
