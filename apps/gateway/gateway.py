@@ -216,7 +216,7 @@ class Gateway:
             # rebuilt (at most once a second per process while a capability has no backend).
             table = await router.caught_up(older_than=NO_BACKEND_REBUILD_S)
             backends, algorithm, _cluster = router.candidates_in(table, capability, grant.project)
-        if backends and not any(path in b.endpoints for b in backends):
+        if backends and not _serves(backends, path):
             served = sorted({p for b in backends for p in b.endpoints})
             raise Refusal(
                 404,
@@ -438,6 +438,15 @@ class Gateway:
 BY_REQUEST = frozenset((Algorithm.LEAST_OUTSTANDING, Algorithm.PREFIX_AFFINITY))
 
 
+def _serves(backends: list[Backend], path: str) -> bool:
+    """Whether one of ``backends`` serves ``path``. A loop: ``any`` over a generator that stops early
+    closes it, raising GeneratorExit inside it, on every request."""
+    for backend in backends:  # noqa: SIM110
+        if path in backend.endpoints:
+            return True
+    return False
+
+
 def asked(algorithm: str, shape: Any, body: bytes, headers: dict[str, str]) -> Ask:
     """A request's prefix point (prefix_affinity) and estimated tokens (both algorithms)."""
     tokens = estimated_tokens(body, shape)
@@ -500,9 +509,27 @@ def renamed(body: bytes, named: bytes) -> bytes:
     """``body`` with every ``"model"`` field naming the capability the client asked for (``named``, JSON):
     the backend's own name for its model (a folder, a file) is the backend's business; the backend is in
     ``x-modelforge-backend``."""
-    if b'"model"' not in body:
+    # Every match starts at a `"model"`: the bytes' own search finds those, and the expression is tried
+    # only there, instead of its search walking the whole answer (an embedding's is a kilobyte of numbers
+    # after its one "model" key) and an ``in`` first (see modelforge/http_protocol.py's _lean_handler).
+    # Left to right, never inside a match: what ``_MODEL_FIELD.sub`` does (the tests compare the two).
+    at = body.find(b'"model"')
+    if at < 0:
         return body
-    return _MODEL_FIELD.sub(b'"model":' + named.replace(b"\\", b"\\\\"), body)
+    parts: list[bytes] = []
+    start = 0
+    while at >= 0:
+        match = _MODEL_FIELD.match(body, at)
+        if match is None:
+            at = body.find(b'"model"', at + 1)
+            continue
+        parts += (body[start:at], b'"model":', named)
+        start = match.end()
+        at = body.find(b'"model"', start)
+    if not parts:
+        return body
+    parts.append(body[start:])
+    return b"".join(parts)
 
 
 class Call:
@@ -571,11 +598,12 @@ class EventRenamer:
         return self._pass(stream)
 
     def _pass(self, lines: bytes) -> bytes:
-        if b'"usage"' in lines:
+        # ``find``, not ``in``, on every read: see modelforge/http_protocol.py's _lean_handler.
+        if lines.find(b'"usage"') >= 0:
             lines = self._take_usage(lines)
         field = self.field
         if field is None:
-            if b'"model"' not in lines or (found := _MODEL_FIELD.search(lines)) is None:
+            if lines.find(b'"model"') < 0 or (found := _MODEL_FIELD.search(lines)) is None:
                 return lines
             field = self.field = found.group(0)
         # Outside a JSON string `"model"` is a key (inside one its quotes are escaped): when every such key
@@ -587,7 +615,7 @@ class EventRenamer:
     def _take_usage(self, lines: bytes) -> bytes:
         kept = []
         for line in lines.splitlines(keepends=True):
-            if b'"usage"' in line:
+            if line.find(b'"usage"') >= 0:
                 usage, usage_only = usage_event(line)
                 if usage is not None:
                     self.usage = usage

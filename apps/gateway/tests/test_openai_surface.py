@@ -11,11 +11,13 @@ import signal
 import httpx
 import openai
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from openai import OpenAI
 
 from apps.clusters.models import Capability
 from apps.clusters.tests.factories import bind, credential, echo_backend, loopback_node, running_server
-from apps.gateway.gateway import EventRenamer, renamed
+from apps.gateway.gateway import _MODEL_FIELD, EventRenamer, renamed
 from tests.fixtures import free_port
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
@@ -116,6 +118,36 @@ def test_events_that_name_one_model_are_renamed_by_the_field_first_seen_and_any_
         assert out == expected, size
         assert events.field == b'"model":"gemma"'  # learnt from the first event, used for the others
     assert b'\\"model\\":\\"gemma\\"' in expected  # the look-alike inside a string is left alone
+
+
+# Pieces that make `"model"` keys, look-alikes (escaped quotes, a value "model", no colon) and runs of them.
+_PIECES = st.sampled_from(
+    [
+        b'"model"',
+        b":",
+        b" ",
+        b'"',
+        b"\\",
+        b"x",
+        b'"m"',
+        b"1.5,",
+        b'\\"',
+        b'"model":"',
+        b"{",
+        b"}",
+        b'"model" :  "a\\"b"',
+    ]
+)
+
+
+@given(
+    body=st.lists(_PIECES, max_size=30).map(b"".join), named=st.sampled_from([b'"chat.echo@1"', b'"a\\\\b"'])
+)
+def test_renaming_finds_the_same_fields_as_the_expression_over_the_whole_body(
+    body: bytes, named: bytes
+) -> None:
+    # The search for `"model"` and a match there: the same answer as the expression's own sub over the body.
+    assert renamed(body, named) == _MODEL_FIELD.sub(b'"model":' + named.replace(b"\\", b"\\\\"), body)
 
 
 def test_the_model_field_is_renamed_in_json_and_in_events_cut_anywhere():
