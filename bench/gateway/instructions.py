@@ -1,30 +1,30 @@
-"""The gateway worker's own work per request in instructions, counted by valgrind's callgrind: a figure
-that does not move with the VM's speed.
+"""Where the gateway worker's instructions per request go, counted by valgrind's callgrind.
 
     python bench/gateway/instructions.py [--requests 1000] [--pairs 3] [--workloads embeddings,stream]
-                                         [--limits]
+                                         [--limits] [--keep DIR]
 
-``run.py``'s CPU per request moves by half from one VM of this kind to the next, and by a third between
-runs on one VM (bench/gateway/README.md), so a change worth a few microseconds cannot be shown with it.
-Here the web application runs under ``valgrind --tool=callgrind`` (gunicorn, one uvicorn worker) beside
-the same backend as ``run.py``; the master starts uninstrumented and is switched on once it is up, so
-every worker it forks from then on is counted from its first instruction to its exit (the worker's
-``callgrind.out.<pid>``; ``callgrind_control`` cannot reach a forked worker, only the master).
+The web application runs under ``valgrind --tool=callgrind`` (gunicorn, one uvicorn worker) beside the
+same backend as ``run.py``; the master starts uninstrumented and is switched on once it is up, so every
+worker it forks from then on is counted from its first instruction to its exit, one dump per thread
+(``callgrind_control`` cannot reach a forked worker, only the master). The figure is the event loop's
+thread (the first), where requests are served; the worker's other threads (the routing table's
+refresher, the apps' checks) tick by the clock.
 
 A row is the difference of two worker lives, a pair: each life is warmed up (``WARM`` requests: pools,
 routing table), then one makes ``--requests`` requests one after another over one keep-alive connection
-and the other ``FEW``, then waits until it has lived as long (the worker's timers and threads tick by the
-clock, so both lives hold as much of them). Instructions per request = (longer life - shorter life) /
-(``--requests`` - ``FEW``); the row gives the median of ``--pairs`` pairs and each pair's figure. On a
-quiet machine a pair's figure moves by about 4 % (1,000 requests; the timers' share varies), now and
-then more: the median is the figure.
+and the other ``FEW``, then waits until it has lived as long. Instructions per request = (longer life -
+shorter life) / (``--requests`` - ``FEW``); the row gives the median of ``--pairs`` pairs and each pair's
+figure. ``--keep DIR`` keeps every life's dumps: ``callgrind_annotate`` on two of them, a longer and a
+shorter life, tells which C functions a request spends its instructions in (how the exceptions that
+Python 3.11 raises and clears inside ``bytes in bytes`` were found, bench/gateway/README.md 2026-12-06).
 
-User-space instructions only: the kernel's share of a request (its socket writes and reads, about a
-quarter of the worker's CPU in ``perf``) is not in it, and instructions are not seconds. It is the
-figure to compare two versions of the request path with, on any VM; ``run.py`` remains the bench's
-latency and CPU figure. Rows with ``--limits``: one request at a time under valgrind is some fifty times
-slower than the limiter's timing assumes (credit per quarter second, releases within 2 ms), so the
-limited path runs differently here than natively.
+What it is not: a figure that settles a change of a few per cent. On the VM it was written on (2026-12-06)
+a pair's figure moved by about 6 % around the median, and the stream row has two modes some 40 % apart
+(under valgrind the gateway is about fifty times slower than the native backend, and whether an answer's
+events arrive in one read or several is timing). Rows with ``--limits`` are not the native path either:
+the limiter's timing (credit per quarter second, releases within 2 ms) meets a gateway fifty times
+slower. User-space instructions only: the kernel's share (socket writes and reads, about a quarter of the
+worker's CPU in ``perf``) is not in it. ``run.py`` remains the bench's latency and CPU figure.
 """
 
 from __future__ import annotations
@@ -102,14 +102,19 @@ def life(master: int, workdir: Path, port: int, gone: set[int], warm: Any, actio
     seconds = time.monotonic() - started
     stop(worker)
     gone.add(worker)
-    dump = workdir / f"callgrind.out.{worker}"
-    text = dump.read_text(errors="replace")
+    # One dump per thread (--separate-threads): the event loop's thread (the first: the one gunicorn forked
+    # from) serves every request; the others (the routing table's refresher, the apps' checks) tick by the
+    # clock and now and then spend 150 million instructions at once, which only the noise would count.
+    dumps = sorted(workdir.glob(f"callgrind.out.{worker}-*"))
+    loop = workdir / f"callgrind.out.{worker}-01"
+    text = loop.read_text(errors="replace")
     match = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
     if match is None:
-        raise SystemExit(f"no totals in {dump}")
-    if KEEP:
-        shutil.copy(dump, KEEP[0])  # to read with callgrind_annotate
-    dump.unlink()
+        raise SystemExit(f"no totals in {loop}")
+    for dump in dumps:
+        if KEEP:
+            shutil.copy(dump, KEEP[0])  # to read with callgrind_annotate
+        dump.unlink()
     return int(match.group(1)), seconds
 
 
@@ -181,7 +186,11 @@ def main() -> int:
             )
             processes.append(backend)
             valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--trace-children=no"]
-            valgrind += [f"--callgrind-out-file={workdir}/callgrind.out.%p", "--quiet"]
+            valgrind += [
+                f"--callgrind-out-file={workdir}/callgrind.out.%p",
+                "--separate-threads=yes",
+                "--quiet",
+            ]
             gateway = start_web(env, gateway_port, pin_core=None, prefix=valgrind)
             processes.append(gateway)
             wait_http(f"http://127.0.0.1:{backend_port}/health")
@@ -190,7 +199,8 @@ def main() -> int:
             control("-i", "on", str(gateway.pid))  # the workers forked from now on are counted
             stop(first)
             gone = {first}
-            (workdir / f"callgrind.out.{first}").unlink(missing_ok=True)
+            for dump in workdir.glob(f"callgrind.out.{first}-*"):
+                dump.unlink()
             print(
                 f"gateway worker instructions per request: {args.pairs} pairs of worker lives a row, "
                 f"{args.requests} and {FEW} sequential requests"
