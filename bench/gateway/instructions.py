@@ -30,6 +30,7 @@ worker's CPU in ``perf``) is not in it. ``run.py`` remains the bench's latency a
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
 import json
 import os
@@ -45,24 +46,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import PYTHON, free_port, route_to_one_backend, start_web, throwaway_stack, wait_http
-from run import BODIES, group_pids
+from common import free_port, route_to_one_backend, start_web, throwaway_stack, wait_http
+from run import BODIES, backend_argv, group_pids
 
 HERE = Path(__file__).resolve().parent
-UVICORN = [
-    PYTHON,
-    "-m",
-    "uvicorn",
-    "--loop",
-    "uvloop",
-    "--http",
-    "httptools",
-    "--log-level",
-    "warning",
-    "--no-access-log",
-]
 FEW = 100  # requests in the life that is taken off (the same length, padded with a wait)
-KEEP: list[Path] = []  # --keep: the folder the worker lives' dumps are copied to
 WARM = 200  # requests before the counted ones, in every worker life: pools, routing table, credit
 LIMITS: dict[str, int | None] = {
     "requests_per_minute": 10**9,
@@ -90,10 +78,12 @@ def worker_of(master: int, not_these: set[int]) -> int:
     raise SystemExit("the web application started no new worker")
 
 
-def life(master: int, workdir: Path, port: int, gone: set[int], warm: Any, action: Any) -> tuple[int, float]:
+def life(
+    master: int, workdir: Path, port: int, gone: set[int], warm: Any, action: Any, keep: Path | None
+) -> tuple[int, float]:
     """The next worker (instrumented: forked after the master's instrumentation was switched on): warm
-    it up, run ``action``, stop it and read the instructions its dump counted. Returns (instructions,
-    seconds ``action`` took)."""
+    it up, run ``action``, stop it and read the instructions its dump counted (its dumps copied to
+    ``keep``, if given). Returns (instructions, seconds ``action`` took)."""
     worker = worker_of(master, gone)
     wait_http(f"http://127.0.0.1:{port}/healthz", seconds=300)
     warm()
@@ -112,8 +102,8 @@ def life(master: int, workdir: Path, port: int, gone: set[int], warm: Any, actio
     if match is None:
         raise SystemExit(f"no totals in {loop}")
     for dump in dumps:
-        if KEEP:
-            shutil.copy(dump, KEEP[0])  # to read with callgrind_annotate
+        if keep is not None:
+            shutil.copy(dump, keep)  # to read with callgrind_annotate
         dump.unlink()
     return int(match.group(1)), seconds
 
@@ -167,7 +157,6 @@ def main() -> int:
     workloads = args.workloads.split(",")
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
-        KEEP.append(args.keep)
     processes: list[subprocess.Popen[bytes]] = []
     with throwaway_stack() as (workdir, env):
         from apps.clusters.models import ClientCredential
@@ -179,7 +168,7 @@ def main() -> int:
         _, limited_key = ClientCredential.objects.mint(name="bench-limited", scopes=scopes, limits=LIMITS)
         try:
             backend = subprocess.Popen(
-                [*UVICORN, "backend:app", "--port", str(backend_port)],
+                backend_argv(backend_port),
                 cwd=HERE,
                 env=env,
                 start_new_session=True,
@@ -215,15 +204,16 @@ def main() -> int:
                     few = requester(gateway_port, path, body, credential, FEW)
                     many = requester(gateway_port, path, body, credential, args.requests)
                     figures = []
+                    lived = functools.partial(life, gateway.pid, workdir, gateway_port, gone, keep=args.keep)
                     for _ in range(args.pairs):
-                        with_many, seconds = life(gateway.pid, workdir, gateway_port, gone, warm, many)
+                        with_many, seconds = lived(warm, many)
 
                         def few_then_wait(seconds: float = seconds, few: Any = few) -> None:
                             started = time.monotonic()
                             few()
                             time.sleep(max(0.0, seconds - (time.monotonic() - started)))
 
-                        with_few, _ = life(gateway.pid, workdir, gateway_port, gone, warm, few_then_wait)
+                        with_few, _ = lived(warm, few_then_wait)
                         figures.append((with_many - with_few) / (args.requests - FEW))
                     each = ", ".join(f"{f:,.0f}" for f in figures)
                     print(f"| {label} | {statistics.median(figures):,.0f} | {each} |")

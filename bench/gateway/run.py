@@ -46,6 +46,12 @@ BODIES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
+def backend_argv(port: int) -> list[str]:
+    """The fake backend (backend.py, run from this folder) under uvicorn on 127.0.0.1:``port``."""
+    options = ["--loop", "uvloop", "--http", "httptools", "--log-level", "warning", "--no-access-log"]
+    return [PYTHON, "-m", "uvicorn", "backend:app", "--port", str(port), *options]
+
+
 def cpu_seconds(pids: list[int]) -> float:
     total = 0
     for pid in pids:
@@ -188,19 +194,7 @@ def main() -> int:
                     "taskset",
                     "-c",
                     "0",
-                    PYTHON,
-                    "-m",
-                    "uvicorn",
-                    "backend:app",
-                    "--port",
-                    str(backend_port),
-                    "--loop",
-                    "uvloop",
-                    "--http",
-                    "httptools",
-                    "--log-level",
-                    "warning",
-                    "--no-access-log",
+                    *backend_argv(backend_port),
                 ],
                 cwd=HERE,
                 env=env,
