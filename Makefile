@@ -1,7 +1,12 @@
 # ModelForge: `make run` brings up the whole platform; `make test` runs every check. Nothing else is
 # assumed on the machine but Python 3.11 and make (Debian's chromium is installed for browser tests).
 
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# The interpreter .venv is made from: the distribution's own Python 3.11 where it can make a venv (Debian's
+# is built with profile-guided and link-time optimisation, as the python:3.11 image the Dockerfile ships
+# is; a pyenv build is not, and the gateway bench measured it about 15 % slower per request,
+# docs/DECISIONS.md 2026-12-07), else the first python3.11 or python3 on PATH. PYTHON=... overrides.
+PYTHON ?= $(firstword $(foreach p,/usr/bin/python3.11 $(shell command -v python3.11) $(shell command -v python3),\
+	$(shell test -x $(p) && $(p) -c 'import ensurepip, venv' 2>/dev/null && echo $(p))))
 VENV := .venv
 BIN := $(VENV)/bin
 

@@ -28,7 +28,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import PYTHON, free_port, route_to_one_backend, start_web, throwaway_stack, wait_http
+from common import PYTHON, free_port, interpreter, route_to_one_backend, start_web, throwaway_stack, wait_http
 
 HERE = Path(__file__).resolve().parent
 PYSPY = str(Path(PYTHON).with_name("py-spy"))  # the dev extra's sampling profiler, for --profile
@@ -281,6 +281,7 @@ def main() -> int:
                     for name, v in stats.items()
                 }
                 print("Redis commands in the run (with the script's own):", dict(sorted(calls.items())))
+            print(f"interpreter: {interpreter()}")
             print(
                 "| workload | conns | direct rps | gateway rps | direct p50 | gateway p50 | added p50 | "
                 "gateway p99 | gateway CPU/req | Redis CPU/req | backend CPU/req | core-0 switches/req | "
