@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import throwaway_stack
+from common import interpreter, throwaway_stack
 
 
 def fill(size_mb: int) -> None:
@@ -76,6 +76,7 @@ def main() -> int:
     parser.add_argument("--size-mb", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    print(f"interpreter: {interpreter()}")
     with throwaway_stack() as (workdir, _env):
         from django.conf import settings
 

@@ -49,6 +49,7 @@ from common import (
     PYTHON,
     demo_gguf,
     free_port,
+    interpreter,
     route_to_backends,
     start_llama_server,
     start_web,
@@ -162,6 +163,7 @@ def main() -> int:
         help="no third request direct again per pair (the engine's own variation, direct minus direct)",
     )
     args = parser.parse_args()
+    print(f"interpreter: {interpreter()}")
     try:
         from openai import OpenAI
     except ImportError:

@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import free_port, start_web, throwaway_stack
+from common import free_port, interpreter, start_web, throwaway_stack
 
 GIB = 2**30
 TICK = os.sysconf("SC_CLK_TCK")
@@ -223,6 +223,7 @@ def main() -> int:
     parser.add_argument("--no-sweep", action="store_true", help="skip the liveness sweeps")
     parser.add_argument("--no-heartbeats", action="store_true", help="only the liveness sweeps")
     args = parser.parse_args()
+    print(f"interpreter: {interpreter()}")
     if not shutil.which("wrk"):
         print("wrk is required: apt-get install wrk", file=sys.stderr)
         return 2

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import throwaway_stack
+from common import interpreter, throwaway_stack
 
 GIB = 2**30
 
@@ -30,6 +30,7 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--decisions", type=int, default=50)
     args = parser.parse_args()
+    print(f"interpreter: {interpreter()}")
     with throwaway_stack():
         from django.db import connection, transaction
         from django.test.utils import CaptureQueriesContext

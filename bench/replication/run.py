@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import PYTHON, ROOT, free_port, start_web, throwaway_stack
+from common import PYTHON, ROOT, free_port, interpreter, start_web, throwaway_stack
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -57,6 +57,7 @@ def main() -> int:
         help="uncounted rounds first (memory touched for the first time is slow here)",
     )
     args = parser.parse_args()
+    print(f"interpreter: {interpreter()}")
     with throwaway_stack() as (workdir, env):
         from django.conf import settings
 
