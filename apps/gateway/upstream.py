@@ -226,14 +226,19 @@ class UpstreamResponse:
             await conn.wait(self._pool.read_timeout)
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body, chunk by chunk as it arrives, never buffered whole."""
+        """The body as it arrives, never buffered whole: each piece is what has arrived since the last
+        one, joined. A backend's stream sends an event per HTTP chunk, and several usually come in one read
+        (the bench's 21 events in two or three): handed on one by one, each cost the gateway a send to the
+        client and a pass of the model renamer, most of what a stream cost more than an embedding
+        (bench/gateway/README.md, 2026-12-06 (late night)). Nothing waits for more to arrive."""
         conn = self._conn
         while True:
-            while conn.chunks:
-                yield conn.chunks.popleft()
-            if conn.complete:
+            if conn.chunks:
+                yield self.take_available()
+            elif conn.complete:
                 return
-            await conn.wait(self._pool.read_timeout)
+            else:
+                await conn.wait(self._pool.read_timeout)
 
     async def read(self) -> bytes:
         parts = [chunk async for chunk in self.chunks()]

@@ -174,6 +174,35 @@ def test_a_stream_arrives_chunk_by_chunk_not_buffered():
     serve(streaming, test)
 
 
+def test_pieces_that_arrived_together_are_handed_on_together():
+    """Events the backend sent in one go are one piece (one send to the client, one pass of the model
+    renamer): a stream's cost per read, not per event. What comes later is still a piece of its own."""
+
+    async def bursts(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        for burst in ((0, 1, 2), (3, 4)):
+            for index in burst:  # several HTTP chunks in one write
+                data = b"data: %d\n\n" % index
+                writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+            await writer.drain()
+            await asyncio.sleep(0.1)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async def test(url: str, stats: dict[str, int]) -> None:
+        response = await Upstream().post(url, "/v1/chat/completions", b"{}", [])
+        pieces = [piece async for piece in response.chunks()]
+        assert pieces == [b"data: 0\n\ndata: 1\n\ndata: 2\n\n", b"data: 3\n\ndata: 4\n\n"]
+        response.release()
+
+    serve(bursts, test)
+
+
 def test_an_answer_cut_short_is_broken():
     async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
