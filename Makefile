@@ -3,7 +3,7 @@
 
 # The interpreter .venv is made from: the distribution's own Python 3.11 where it can make a venv (Debian's
 # is built with profile-guided and link-time optimisation, as the python:3.11 image the Dockerfile ships
-# is; a pyenv build is not, and the gateway bench measured it about 15 % slower per request,
+# is; a pyenv build is not: the gateway bench measured 16 % less CPU per request on Debian's,
 # docs/DECISIONS.md 2026-12-06), else the first python3.11 or python3 on PATH. PYTHON=... overrides.
 PYTHON ?= $(firstword $(foreach p,/usr/bin/python3.11 $(shell command -v python3.11) $(shell command -v python3),\
 	$(shell test -x $(p) && $(p) -c 'import ensurepip, venv' 2>/dev/null && echo $(p))))

@@ -24,7 +24,7 @@ PYTHON = sys.executable
 def interpreter() -> str:
     """The Python every process of a bench runs on (this one's): its version and the interpreter the
     virtualenv was made from. A bench's CPU figures depend on it: a build without profile-guided and
-    link-time optimisation (pyenv's default) measured about 15 % more gateway CPU per request than
+    link-time optimisation (pyenv's default) measured about 20 % more gateway CPU per request than
     Debian's optimised one (bench/gateway/README.md, 2026-12-06 (late night))."""
     base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
     return f"Python {sys.version.split()[0]}, virtualenv made from {base}"
