@@ -145,21 +145,28 @@ def test_the_watchdog_rests_while_nothing_waits_and_a_wait_after_its_rest_still_
     serve(first_quick_then_silent, test)
 
 
-def test_a_stream_arrives_chunk_by_chunk_not_buffered():
+def event_stream(*bursts: tuple[int, ...]) -> Handler:
+    """A backend answering with a chunked event stream: its head, then each burst's events (``data: <n>``,
+    an HTTP chunk each) in one write, 0.1 s after the last."""
 
-    async def streaming(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
         )
-        for index in range(3):
-            data = b"data: %d\n\n" % index
-            writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+        for burst in bursts:
             await writer.drain()
             await asyncio.sleep(0.1)
+            for index in burst:
+                data = b"data: %d\n\n" % index
+                writer.write(b"%x\r\n%s\r\n" % (len(data), data))
         writer.write(b"0\r\n\r\n")
         await writer.drain()
 
+    return handler
+
+
+def test_a_stream_arrives_chunk_by_chunk_not_buffered():
     async def test(url: str, stats: dict[str, int]) -> None:
         loop = asyncio.get_running_loop()
         response = await Upstream().post(url, "/v1/chat/completions", b"{}", [])
@@ -171,28 +178,12 @@ def test_a_stream_arrives_chunk_by_chunk_not_buffered():
         assert arrivals[-1][0] - arrivals[0][0] >= 0.15  # handed on as they came, not at the end
         response.release()
 
-    serve(streaming, test)
+    serve(event_stream((0,), (1,), (2,)), test)
 
 
 def test_pieces_that_arrived_together_are_handed_on_together():
     """Events the backend sent in one go are one piece (one send to the client, one pass of the model
     renamer): a stream's cost per read, not per event. What comes later is still a piece of its own."""
-
-    async def bursts(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-        )
-        await writer.drain()
-        await asyncio.sleep(0.1)
-        for burst in ((0, 1, 2), (3, 4)):
-            for index in burst:  # several HTTP chunks in one write
-                data = b"data: %d\n\n" % index
-                writer.write(b"%x\r\n%s\r\n" % (len(data), data))
-            await writer.drain()
-            await asyncio.sleep(0.1)
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
 
     async def test(url: str, stats: dict[str, int]) -> None:
         response = await Upstream().post(url, "/v1/chat/completions", b"{}", [])
@@ -200,7 +191,7 @@ def test_pieces_that_arrived_together_are_handed_on_together():
         assert pieces == [b"data: 0\n\ndata: 1\n\ndata: 2\n\n", b"data: 3\n\ndata: 4\n\n"]
         response.release()
 
-    serve(bursts, test)
+    serve(event_stream((0, 1, 2), (3, 4)), test)  # several HTTP chunks in one write
 
 
 def test_an_answer_cut_short_is_broken():
