@@ -24,9 +24,6 @@ COPY agent ./agent
 # asks for pins on index packages).
 # hadolint ignore=DL3013
 RUN pip install ./agent '.[backups]'
-# Not yet here: the request path compiled by Cython (`make install` does it; modelforge/compiled.py). That
-# needs a build stage with a C compiler; until one is written and tried, this image runs those modules as
-# source: the same behaviour, about 15 % more CPU per proxied request (docs/DECISIONS.md, 2026-12-07).
 
 COPY manage.py ./
 COPY templates ./templates

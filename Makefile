@@ -19,26 +19,13 @@ $(BIN)/python:
 # the same command as the control plane that depends on it.
 $(VENV)/.installed: pyproject.toml agent/pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ./agent -e '.[embedded,test,dev,compiled]'
+	$(BIN)/python -m pip install --quiet -e ./agent -e '.[embedded,test,dev]'
 	@# A virtualenv made before the agent was its own distribution: removing the old package took the
 	@# agent's console script with it (its file list named the script). Put it back.
 	@test -x $(BIN)/modelforge-agent || $(BIN)/python -m pip install --quiet --no-deps --force-reinstall -e ./agent
 	touch $@
 
-# The request path's modules compiled by Cython into build/compiled (modelforge/compiled.py): a C compiler
-# and Python's headers (Debian: gcc, python3.11-dev). A module whose source changed after its build runs as
-# source until this rebuilds it. COMPILE=0 skips it (every module then runs as source).
-COMPILE ?= 1
-COMPILED_SOURCES := modelforge/http_protocol.py modelforge/lean.py $(addprefix apps/gateway/,gateway.py \
-	upstream.py limits.py usage.py routing.py resp.py) modelforge/compiled.py
-build/compiled/.built: $(COMPILED_SOURCES) | $(VENV)/.installed
-	@if [ "$(COMPILE)" = 0 ]; then echo "COMPILE=0: the request path runs as source"; else \
-	  echo "compiling the request path's modules (Cython, about a minute)"; \
-	  $(BIN)/python -c 'from modelforge import compiled; compiled.build()' >/dev/null 2>$(VENV)/.compile.log \
-	  || { cat $(VENV)/.compile.log; echo "compiling failed: install a C compiler and Python's headers \
-	(Debian: gcc python3.11-dev), or make COMPILE=0 to run as source"; exit 1; }; touch $@; fi
-
-install: $(VENV)/.installed build/compiled/.built
+install: $(VENV)/.installed
 
 run: install
 	$(BIN)/python -m modelforge run
@@ -58,7 +45,7 @@ compose-tool:
 
 # make test serves real generated text from a real model (the engines below), as CI does.
 test: install browser compose-tool $(VENV)/.engines
-	MODELFORGE_TEST_ENGINES=1 MODELFORGE_TEST_COMPILED=$(COMPILE) $(BIN)/python -m modelforge.devstack test $(PYTEST_ARGS)
+	MODELFORGE_TEST_ENGINES=1 $(BIN)/python -m modelforge.devstack test $(PYTEST_ARGS)
 
 # A real engine for the local node: llama.cpp's OpenAI-compatible server and the Gemma 3 270M GGUF, put
 # where make run's local agent finds its models. llama.cpp is compiled once (several minutes) for no

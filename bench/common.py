@@ -27,26 +27,7 @@ def interpreter() -> str:
     link-time optimisation (pyenv's default) measured about 20 % more gateway CPU per request than
     Debian's optimised one (bench/gateway/README.md, 2026-12-06 (late night))."""
     base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
-    return f"Python {sys.version.split()[0]}, virtualenv made from {base}; request path {request_path()}"
-
-
-def request_path() -> str:
-    """Whether the web processes run the request path's modules compiled (modelforge/compiled.py): about
-    15 % fewer instructions per proxied request than as source (bench/gateway/README.md, 2026-12-07)."""
-    sys.path.insert(0, str(ROOT))
-    from modelforge import compiled
-
-    if not compiled.enabled():
-        return "as source (MODELFORGE_COMPILED=0)"
-    built = [name for name in compiled.MODULES if compiled.built(name)]
-    stale = compiled.stale()
-    if not built:
-        return "as source (not built: make install)"
-    if stale:
-        return f"compiled, except {', '.join(stale)} (stale: make install)"
-    if len(built) < len(compiled.MODULES):
-        return f"compiled, except {', '.join(sorted(set(compiled.MODULES) - set(built)))} (not built)"
-    return "compiled (Cython)"
+    return f"Python {sys.version.split()[0]}, virtualenv made from {base}"
 
 
 def free_port() -> int:

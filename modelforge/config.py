@@ -58,8 +58,6 @@ KNOWN_ELSEWHERE = frozenset(
         "MODELFORGE_DATABASE_PASSWORD",  # compose/*.yaml interpolate it into MODELFORGE_DATABASE_URL
         "MODELFORGE_TEST_HOME",  # make test's throw-away data folder
         "MODELFORGE_TEST_ENGINES",  # make test-engines
-        "MODELFORGE_COMPILED",  # modelforge/compiled.py: 0 runs the request path as source
-        "MODELFORGE_TEST_COMPILED",  # make test: whether it built the request path (tests/test_compiled.py)
         "MODELFORGE_TEST_PAUSE_AT",  # the backup and restore kill tests
         "MODELFORGE_TEST_PG15_URL",  # tests/test_database_compatibility.py
         "MODELFORGE_FUZZ_URL",  # bench/fuzz

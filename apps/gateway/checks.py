@@ -1,6 +1,5 @@
 """The gateway's configuration rule, as a system check (``modelforge.checks``): the sin-bin's cap is at
-least its base time; and a warning when a compiled module of the request path is stale
-(modelforge/compiled.py). Registered when ``GatewayConfig.ready()`` imports this module."""
+least its base time. Registered when ``GatewayConfig.ready()`` imports this module."""
 
 from __future__ import annotations
 
@@ -27,25 +26,4 @@ def bench_times(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
             f"{cap} s is shorter than MODELFORGE_LB_BASE_BENCH_S ({base} s); "
             "the cap must be at least the base bench time",
         )
-    ]
-
-
-@checks.register()
-def compiled_modules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """gateway.W001: a module of the request path was compiled from another version of its source, so it
-    runs as source (correct, about 15 % more CPU per proxied request) until ``make`` builds it again."""
-    from modelforge import compiled
-
-    if not compiled.enabled():
-        return []
-    return [
-        checks.Warning(
-            f"{name} was compiled from another version of its source: it runs as source, slower, until "
-            "it is built again",
-            hint="Run `make install` (or `make run` / `make test`), which compiles it again; "
-            "docs/TROUBLESHOOTING.md, gateway.W001.",
-            obj=name,
-            id="gateway.W001",
-        )
-        for name in compiled.stale()
     ]
