@@ -25,6 +25,11 @@ events arrive in one read or several is timing). Rows with ``--limits`` are not 
 the limiter's timing (credit per quarter second, releases within 2 ms) meets a gateway fifty times
 slower. User-space instructions only: the kernel's share (socket writes and reads, about a quarter of the
 worker's CPU in ``perf``) is not in it. ``run.py`` remains the bench's latency and CPU figure.
+
+Compare two versions only by runs that alternate (A B B A) with nothing else running on the machine: the
+embeddings row has two timing modes too, about 35k instructions apart (some 12 %), and load beside the
+bench moves runs between them. A Cython build first looked 15 % cheaper that way, measured beside a
+compiler job, and was 2-3 % cheaper alternated on an idle machine (bench/gateway/README.md, 2026-12-07).
 """
 
 from __future__ import annotations
