@@ -99,3 +99,28 @@ def test_the_dashboard_says_which_filter_it_could_not_read_and_lists_nothing(cli
     assert "on-a" in client.get("/nodes/", {"enabled": "true"}).content.decode()
     alerts = client.get("/alerts/", {"open": "perhaps"}).content.decode()
     assert 'id="filter-errors"' in alerts and "open" in alerts
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "empty_state"),
+    [
+        ("/nodes/", {"enabled": "flase"}, "Enroll one"),
+        ("/servers/", {"state": "rnning"}, "Place one"),
+        ("/artifacts/", {"state": "redy"}, "No artifacts"),
+        ("/backups/", {"state": "verifed"}, "No backups yet"),
+        ("/alerts/", {"open": "perhaps"}, "alerts."),
+        ("/migrations/", {"stage": "doen"}, "No cutovers"),
+    ],
+)
+def test_a_refused_filter_s_empty_list_points_at_the_refusal_not_at_an_empty_fleet(
+    client, path, query, empty_state
+):
+    # The list is empty because nothing was listed, not because nothing exists: its empty row must not
+    # tell the operator to enroll a node or place a server they already have.
+    client.force_login(User.objects.create_user("ops", is_staff=True))
+    text = client.get(path, query).content.decode()
+    assert 'id="filter-errors"' in text
+    assert empty_state not in text
+    assert "Nothing listed: a filter's value above could not be read." in text
+    plain = client.get(path).content.decode()
+    assert 'id="filter-errors"' not in plain and empty_state in plain
