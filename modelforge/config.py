@@ -50,6 +50,7 @@ CONTROL_PLANE_AGENT_NAMES = frozenset({"MODELFORGE_AGENT_CALL_TIMEOUT"})
 KNOWN_ELSEWHERE = frozenset(
     {
         "MODELFORGE_HOME",  # modelforge/devstack.py, modelforge/embedded.py
+        "MODELFORGE_RUN_MARK",  # make run marks what it starts (modelforge/devguard.py)
         "MODELFORGE_EMBEDDED_PG_PORT",
         "MODELFORGE_EMBEDDED_REDIS_PORT",
         "MODELFORGE_LOCAL_AGENT",  # make run: start the local node agent
