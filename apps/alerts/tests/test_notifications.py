@@ -205,6 +205,19 @@ def test_an_email_channel_sends_one_message_per_batch_through_smtp(smtp_server):
     assert text.count("NODE_OFFLINE on node gpu-") == 3
 
 
+def test_an_email_carries_names_and_messages_as_text(smtp_server):
+    # A name is data: a line break in it is not a header of its own, braces are not a template.
+    channel(kind="email", target="ops@example.com")
+    Alert.objects.raise_alert(
+        "NODE_OFFLINE", "critical", "node", "1", "gpu{0}\nBcc: x@example.com", "gpu {name} is %s offline."
+    )
+    notify.sweep()
+    text = smtp_server[0].content.decode()
+    assert "Subject: [ModelForge] NODE_OFFLINE raised: gpu{0} Bcc: x@example.com" in text
+    assert "\nBcc:" not in text.split("\r\n\r\n")[0] and smtp_server[0].rcpt_tos == ["ops@example.com"]
+    assert "gpu {name} is %s offline." in text
+
+
 def test_an_email_channel_without_smtp_settings_fails_by_name(settings):
     settings.EMAIL_URL = None
     channel(kind="email", target="ops@example.com")
