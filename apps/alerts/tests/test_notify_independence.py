@@ -189,3 +189,15 @@ def test_a_channel_whose_sending_throws_is_recorded_and_the_others_still_deliver
     mail = NotificationChannel.objects.get(name="a-mail")
     assert mail.last_error == "RuntimeError: the e-mail side broke {0}"
     assert "RuntimeError: the e-mail side broke {0}" in failure_alert("a-mail").message
+
+
+def test_the_test_action_on_a_silent_webhook_is_a_refusal_after_the_timeout(silent_server, settings, client):
+    from django.contrib.auth.models import User
+
+    settings.NOTIFY_TIMEOUT_S = 1
+    silent = channel("x{0}", silent_server)
+    client.force_login(User.objects.create_user("ops", is_staff=True))
+    page = client.post(f"/alerts/channels/{silent.pk}/test", follow=True).content.decode()
+    assert "NOTIFICATION_FAILED: channel x{0}: " in page
+    silent.refresh_from_db()
+    assert "Timeout" in silent.last_error or "no answer within 1 s" in silent.last_error
