@@ -23,6 +23,7 @@ import logging
 import smtplib
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -152,9 +153,14 @@ def deliver(now: datetime) -> tuple[int, int]:
         except Exception:
             logger.exception("notification channel %r: due events not claimed", channel.name)
             return
-        if delivery is not None:
-            events = [event_payload(n.alert, n.event) for n in delivery.batch]
-            going[_on_own_thread(channel, events)] = delivery
+        if delivery is None:
+            return
+        batch = delivery.batch
+
+        def sending() -> None:  # the batch's alerts were read with it: the thread makes no query
+            send(channel, [event_payload(n.alert, n.event) for n in batch])
+
+        going[_on_own_thread(channel, sending)] = delivery
 
     for channel in NotificationChannel.objects.filter(enabled=True):
         start(channel, 1)
@@ -191,14 +197,15 @@ def _claim(channel: NotificationChannel, now: datetime, number: int) -> Delivery
     return Delivery(channel, batch, lease, time.monotonic() + settings.NOTIFY_TIMEOUT_S, number)
 
 
-def _on_own_thread(channel: NotificationChannel, events: list[dict[str, Any]]) -> Future[None]:
-    """``send`` on a daemon thread (one left behind never holds up the process's exit)."""
+def _on_own_thread(channel: NotificationChannel, sending: Callable[[], None]) -> Future[None]:
+    """``sending`` on a daemon thread (one left behind never holds up the process's exit); whatever it
+    raises is the future's, for the pass to record on the channel."""
     future: Future[None] = Future()
 
     def run() -> None:
         future.set_running_or_notify_cancel()
         try:
-            send(channel, events)
+            sending()
         except BaseException as exc:  # handed to the pass, which records it on the channel
             future.set_exception(exc)
         else:
@@ -310,7 +317,7 @@ def send_test(channel: NotificationChannel) -> None:
     }
     # As a pass sends: on a thread of its own, so a webhook that never finishes answering holds the
     # operator's request for MODELFORGE_NOTIFY_TIMEOUT_S at most, and any fault is a refusal, not a 500.
-    future = _on_own_thread(channel, [event])
+    future = _on_own_thread(channel, lambda: send(channel, [event]))
     done, _ = wait([future], timeout=settings.NOTIFY_TIMEOUT_S)
     error = _error_of(future) if done else _no_answer()
     if error is not None:
