@@ -201,3 +201,19 @@ def test_the_test_action_on_a_silent_webhook_is_a_refusal_after_the_timeout(sile
     assert "NOTIFICATION_FAILED: channel x{0}: " in page
     silent.refresh_from_db()
     assert "Timeout" in silent.last_error or "no answer within 1 s" in silent.last_error
+
+
+def test_a_claimed_batch_is_left_to_its_pass_and_due_again_if_that_pass_died(hooks, settings):
+    settings.NOTIFY_TIMEOUT_S = 5
+    good = Hook()
+    hooks.append(good)
+    hook = channel("ops", good.url)
+    raise_nodes(1)
+    now = timezone.now()
+    notify.enqueue(now)
+    claimed = notify._claim(hook, now, 1)  # another pass's claim, and that pass died before sending
+    assert claimed is not None
+    assert notify.sweep(now)["sent"] == 0 and good.bodies == []
+    after_lease = claimed.lease + timedelta(seconds=1)
+    assert notify.sweep(after_lease)["sent"] == 1
+    assert [e["subject_name"] for e in good.events()] == ["gpu-0"]
