@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from apps.alerts import notify
 from apps.alerts.models import Alert, Notification, NotificationChannel
+from tests.fixtures import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -217,3 +218,23 @@ def test_a_claimed_batch_is_left_to_its_pass_and_due_again_if_that_pass_died(hoo
     after_lease = claimed.lease + timedelta(seconds=1)
     assert notify.sweep(after_lease)["sent"] == 1
     assert [e["subject_name"] for e in good.events()] == ["gpu-0"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_worker_delivers_to_the_good_channel_past_one_named_with_a_brace(celery_worker_process, hooks):
+    # The issue as it was seen: a channel named x{ whose webhook answered 500 {"error": ...} crashed
+    # alerts.notify every pass; the good channel stayed pending with 0 attempts, and nothing said so.
+    from apps.alerts.tasks import notify_alerts
+
+    bad, good = Hook(500, b'{"error": "service unavailable"}'), Hook()
+    hooks.extend([bad, good])
+    channel("x{", bad.url)
+    channel("y-good", good.url)
+    raise_nodes(2)
+    notify_alerts.delay()  # what beat sends every MODELFORGE_NOTIFY_INTERVAL seconds
+    assert wait_until(lambda: len(good.events()) == 2, 30), celery_worker_process.log()[-2000:]
+    assert wait_until(
+        lambda: Alert.objects.open().filter(code="NOTIFICATION_FAILED", subject_name="x{").exists(), 30
+    )
+    states = Notification.objects.filter(channel__name="y-good").values_list("state", flat=True)
+    assert set(states) == {"sent"}
