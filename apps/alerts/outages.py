@@ -71,7 +71,8 @@ SUBJECTS = {
     NOTIFY_STALLED: ("notify", "alert notifications (alerts.notify)"),
 }
 OUTAGE_CODES = tuple(SUBJECTS)
-# While one of these is open the worker does not deliver notifications (it gets no task), so the web does.
+# While one of these is open the worker does not deliver notifications (it gets no task, or its pass does not
+# complete), so the web does.
 DELIVERY_AWAY = (BROKER_UNREACHABLE, WORKER_MISSING, BEAT_MISSING, NOTIFY_STALLED)
 
 # One failed check can be a blip (a 2 s timeout under load); two in a row are an outage.
@@ -267,8 +268,8 @@ def _notify_stalled(seen: datetime | None, now: datetime, watching_since: dateti
     return (
         f"{silence}; the limit is {limit} s). {why} Until a pass completes the web processes deliver alert "
         "notifications themselves; if what stops the worker's pass stops theirs too, nothing is sent and "
-        "this page is where it shows. See TROUBLESHOOTING.md, NOTIFY_STALLED. This clears when the worker "
-        "completes a pass again."
+        "the dashboard is where this shows. See TROUBLESHOOTING.md, NOTIFY_STALLED. This clears when the "
+        "worker completes a pass again."
     )
 
 
