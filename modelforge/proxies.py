@@ -40,7 +40,9 @@ class TrustedProxies:
             ip = ipaddress.ip_address(address)
         except ValueError:
             return False
-        return any(ip in network for network in self.networks)
+        # A dual-stack socket reports an IPv4 peer as ::ffff:a.b.c.d; the list names it as a.b.c.d.
+        mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+        return any(ip in network or (mapped is not None and mapped in network) for network in self.networks)
 
     def client(self, peer: str, forwarded_for: list[str]) -> str:
         """The client's address: ``peer``, or what the trusted proxies say (steps 1 and 2 above)."""

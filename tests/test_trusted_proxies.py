@@ -89,6 +89,7 @@ def test_the_client_is_the_first_address_from_the_right_that_is_not_a_trusted_pr
     assert proxies.client("10.0.0.1", ["10.0.0.3, 10.0.0.2"]) == "10.0.0.3"  # every hop a proxy: leftmost
     assert proxies.client("10.0.0.1", ["unknown, 10.0.0.2"]) == "10.0.0.2"  # not an address: stop there
     assert proxies.client("::1", ["2001:db8::1"]) == "2001:db8::1"
+    assert proxies.client("::ffff:10.0.0.1", ["203.0.113.9"]) == "203.0.113.9"  # a dual-stack socket's peer
     scope = {
         "type": "http",
         "scheme": "http",
