@@ -104,6 +104,12 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
+# The most a request's line and headers may take. httptools has no bound (uvicorn's
+# ``h11_max_incomplete_event_size`` is for h11 only): a 64 MiB header was read, and copied as it grew, for as
+# long as the client sent it. nginx allows 32 KiB by default, Node 16 KiB; a request here sends a few hundred
+# bytes, a browser's cookies a few KiB.
+MAX_HEADER_BYTES = 64 * 1024
+
 # Where a connection stands, for its timer (``CoalescingHttpToolsProtocol``): waiting for a request, reading
 # a request's headers, reading its body, or answering (no limit: a 10-minute generation is an answer).
 IDLE, HEADERS, BODY, BUSY = 0, 1, 2, 3
@@ -121,7 +127,8 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     1. ``IDLE`` (new, or since its last response): closed after the keep-alive timeout
        (``MODELFORGE_HTTP_KEEPALIVE_S``), quietly, as any HTTP/1.1 server closes an idle connection.
     2. ``HEADERS`` (from the first byte of a request): the headers complete within
-       ``MODELFORGE_HTTP_HEADER_TIMEOUT_S``, or ``408 REQUEST_TIMEOUT`` and closed.
+       ``MODELFORGE_HTTP_HEADER_TIMEOUT_S``, or ``408 REQUEST_TIMEOUT`` and closed; and within
+       ``MAX_HEADER_BYTES``, or ``431 HEADERS_TOO_LARGE`` and closed.
     3. ``BODY`` (from the end of the headers): the whole body within ``MODELFORGE_HTTP_BODY_TIMEOUT_S``, or
        ``408 REQUEST_TIMEOUT`` (when no answer has started) and closed.
     4. ``BUSY`` (the application answering): no limit on time, only on a client that reads nothing: writes
@@ -133,6 +140,7 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     """
 
     _phase = IDLE
+    _head_bytes = 0  # of the request whose headers are being read
     _since = 0.0  # (loop time) since the phase began
     _stalled_since: float | None = None  # (loop time) since writes were paused; None: flowing
     _timer: asyncio.TimerHandle | None = None
@@ -158,6 +166,8 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     def _enter(self, phase: int) -> None:
         now = self.loop.time()
         self._phase, self._since = phase, now
+        if phase == HEADERS:
+            self._head_bytes = 0
         if phase != BUSY:
             self._arm(now + self._limits[phase])
 
@@ -232,24 +242,41 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
 
     def _request_timeout(self, part: str, limit: float, setting: str) -> None:
         """``408 REQUEST_TIMEOUT`` (the envelope) when no answer has started, then closed."""
-        what = f"sent no complete request {part} within {limit:g} s ({setting})"
+        from modelforge.errors import codes
+
         cycle = self.cycle
         if cycle is None or not cycle.response_started or self._phase == HEADERS:
-            from modelforge.errors import codes
-            from modelforge.lean import envelope
-            from modelforge.logging import accept_or_generate
-
             message = f"The request's {part} did not arrive within {limit:g} s ({setting})."
-            body = envelope(codes.REQUEST_TIMEOUT, message, accept_or_generate(None))
-            head = [STATUS_LINE[408]]
-            for name, value in self.server_state.default_headers:
-                head += (name, b": ", value, b"\r\n")
-            head.append(
-                b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-                % len(body)
-            )
-            self.transport.write(b"".join(head) + body)
-        self._close(what, abort=False)
+            self._answer(408, codes.REQUEST_TIMEOUT, message)
+        self._close(f"sent no complete request {part} within {limit:g} s ({setting})", abort=False)
+
+    def _answer(self, status: int, code: str, message: str) -> None:
+        """An answer of the protocol's own, before any request reached the application: the envelope,
+        then the connection closed."""
+        from modelforge.lean import envelope
+        from modelforge.logging import accept_or_generate
+
+        body = envelope(code, message, accept_or_generate(None))
+        head = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            head += (name, b": ", value, b"\r\n")
+        head.append(
+            b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+        )
+        self.transport.write(b"".join(head) + body)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._phase == HEADERS:  # (this data did not end the headers)
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEADER_BYTES and not self.transport.is_closing():
+                from modelforge.errors import codes
+
+                message = (
+                    f"The request's headers are over {MAX_HEADER_BYTES} bytes; send fewer or shorter ones."
+                )
+                self._answer(431, codes.HEADERS_TOO_LARGE, message)
+                self._close(f"sent over {MAX_HEADER_BYTES} bytes of request headers", abort=False)
 
     def _close(self, what: str, *, abort: bool) -> None:
         client = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"

@@ -226,3 +226,21 @@ def test_the_web_process_applies_the_timeouts_from_its_settings(tmp_path):
             assert read_until_closed(prompt).startswith(b"HTTP/1.1 200")
     finally:
         web.process.stop()
+
+
+def test_headers_past_64_kib_are_answered_431_and_closed_and_headers_within_are_served(short_timeouts):
+    # Regression: httptools has no bound on headers; a 64 MiB header was read (and copied) as it grew.
+    from modelforge.http_protocol import MAX_HEADER_BYTES
+
+    def check(port: int) -> None:
+        with connect(port) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: %s\r\n" % (b"a" * 4000) * 15 + b"\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200"), "headers within the bound are served"
+        with connect(port) as sock:
+            # Just past the bound, all of it read before the answer (a close with bytes unread is a reset).
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * MAX_HEADER_BYTES)
+            head, _, body = read_until_closed(sock).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 431"), head
+        assert json.loads(body)["code"] == "HEADERS_TOO_LARGE"
+
+    serve_with_our_protocol(echo_body, check, timeout_keep_alive=60)
