@@ -9,13 +9,16 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "modelforge.settings")
 
 from modelforge import lean, proxies
 from modelforge.http_protocol import handler_for
+from modelforge.request_bodies import BoundedBody
 from modelforge.startup import run_entry_checks
 
 # Refuses (exit 3) on bad configuration or an incompatible database, even when gunicorn is started
 # without modelforge.gunicorn_conf; with it, the master has already checked and this is a no-op.
 run_entry_checks("web")
 
-django_application = get_asgi_application()
+# Django reads a whole request body before any check of ours runs: bodies are bounded in front of it
+# (modelforge/request_bodies.py).
+django_application = BoundedBody(get_asgi_application())
 
 # The lean endpoints apps mounted at ready() (modelforge.lean.route: agents' heartbeats, the artifact
 # store, the serving gateway), imported now, in the serving process.

@@ -20,7 +20,9 @@ workers = settings.WEB_WORKERS
 worker_class = "modelforge.gunicorn_worker.Worker"
 graceful_timeout = 10
 timeout = 60
-keepalive = 5
+# uvicorn's worker takes gunicorn's keepalive as its keep-alive timeout; the web protocol applies it to a
+# new connection too, and the other client timeouts itself (modelforge/http_protocol.py).
+keepalive = settings.HTTP_KEEPALIVE_S
 accesslog = None
 errorlog = "-"
 loglevel = str(settings.LOG_LEVEL).lower()

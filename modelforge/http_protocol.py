@@ -21,6 +21,7 @@ import select
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from django.conf import settings
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_RE,
@@ -34,22 +35,33 @@ ZERO_COPY = "http.response.zerocopysend"
 logger = logging.getLogger("uvicorn.error")
 
 
-class CoalescingTransport:
-    """A transport whose writes within one turn of the event loop leave as one."""
+# Writes held for the end of the loop's turn up to this many bytes; past it they leave at once. An
+# application that sends without yielding (a generator answering from memory) would otherwise pile its
+# whole answer up here, out of sight of the transport's flow control: a client that read nothing made the
+# worker hold all of it (issue 47: 256 MiB in 2 ms). 64 KiB is the transport's own high-water mark.
+FLUSH_AT = 64 * 1024
 
-    __slots__ = ("_buffer", "_loop", "_scheduled", "_transport")
+
+class CoalescingTransport:
+    """A transport whose writes within one turn of the event loop leave as one (up to ``FLUSH_AT``)."""
+
+    __slots__ = ("_buffer", "_held", "_loop", "_scheduled", "_transport")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
         self._buffer: list[bytes] = []
+        self._held = 0
         self._scheduled = False
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
             return
         self._buffer.append(bytes(data))
-        if not self._scheduled:
+        self._held += len(data)
+        if self._held >= FLUSH_AT:
+            self.flush()  # the transport sees it now, and pauses the writer if the client is not reading
+        elif not self._scheduled:
             self._scheduled = True
             self._loop.call_soon(self.flush)
 
@@ -63,6 +75,7 @@ class CoalescingTransport:
             return
         data = self._buffer[0] if len(self._buffer) == 1 else b"".join(self._buffer)
         self._buffer.clear()
+        self._held = 0
         if not self._transport.is_closing():
             self._transport.write(data)
 
@@ -76,6 +89,7 @@ class CoalescingTransport:
 
     def abort(self) -> None:
         self._buffer.clear()
+        self._held = 0
         self._transport.abort()
 
     def is_closing(self) -> bool:
@@ -84,34 +98,98 @@ class CoalescingTransport:
         return self._transport.is_closing()
 
     def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size() + sum(len(b) for b in self._buffer)
+        return self._transport.get_write_buffer_size() + self._held
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
 
 
+# The most a request's line and headers may take. httptools has no bound (uvicorn's
+# ``h11_max_incomplete_event_size`` is for h11 only): a 64 MiB header was read, and copied as it grew, for as
+# long as the client sent it. nginx allows 32 KiB by default, Node 16 KiB; a request here sends a few hundred
+# bytes, a browser's cookies a few KiB.
+MAX_HEADER_BYTES = 64 * 1024
+
+# Where a connection stands, for its timer (``CoalescingHttpToolsProtocol``): waiting for a request, reading
+# a request's headers, reading its body, or answering (no limit: a 10-minute generation is an answer).
+IDLE, HEADERS, BODY, BUSY = 0, 1, 2, 3
+
+
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-    """``HttpToolsProtocol`` over a ``CoalescingTransport``, with one keep-alive timer per connection.
+    """``HttpToolsProtocol`` over a ``CoalescingTransport``, with one timer per connection that closes a
+    connection a client holds without using it.
 
-    uvicorn arms a timer when a response completes and cancels it when the next request's bytes arrive:
-    a timer made and dropped per request. Here a connection's timer, once armed, stays: when it fires it
-    closes the connection if it has been idle for the keep-alive timeout since its last response, and
-    otherwise sets itself for the time left (or, busy, waits for the next response to arm it again)."""
+    uvicorn's only limit is its keep-alive timeout, armed when a response completes: a connection that
+    never sends a request, sends its headers a byte at a time, or its body at a byte a second, or stops
+    reading an answer, stayed open for ever (issue 47). Here each connection is in one phase (``IDLE``,
+    ``HEADERS``, ``BODY``, ``BUSY``) since a time, and has a limit for it:
 
-    _idle_since: float | None = None  # (loop time) since the last response completed; None: busy
-    _keep_alive_timer: asyncio.TimerHandle | None = None
+    1. ``IDLE`` (new, or since its last response): closed after the keep-alive timeout
+       (``MODELFORGE_HTTP_KEEPALIVE_S``), quietly, as any HTTP/1.1 server closes an idle connection.
+    2. ``HEADERS`` (from the first byte of a request): the headers complete within
+       ``MODELFORGE_HTTP_HEADER_TIMEOUT_S``, or ``408 REQUEST_TIMEOUT`` and closed; and within
+       ``MAX_HEADER_BYTES``, or ``431 HEADERS_TOO_LARGE`` and closed.
+    3. ``BODY`` (from the end of the headers): the whole body within ``MODELFORGE_HTTP_BODY_TIMEOUT_S``, or
+       ``408 REQUEST_TIMEOUT`` (when no answer has started) and closed.
+    4. ``BUSY`` (the application answering): no limit on time, only on a client that reads nothing: writes
+       paused (the client's window and our buffer full) for ``MODELFORGE_HTTP_SEND_TIMEOUT_S`` abort it.
+
+    The timer is made once and kept: when it fires it acts if a limit has passed and otherwise sets itself
+    for the nearest one (or, answering and not stalled, stands down until a phase with a limit begins). A
+    request moves the phase with a clock reading and a comparison, not a timer of its own.
+    """
+
+    _phase = IDLE
+    _head_bytes = 0  # of the request whose headers are being read
+    _since = 0.0  # (loop time) since the phase began
+    _stalled_since: float | None = None  # (loop time) since writes were paused; None: flowing
+    _timer: asyncio.TimerHandle | None = None
+    _limits: tuple[float, float, float] = (5.0, 10.0, 60.0)  # IDLE, HEADERS, BODY
+    _send_timeout = 60.0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport, self.loop))  # type: ignore[arg-type]
+        self._limits = (
+            self.timeout_keep_alive,
+            settings.HTTP_HEADER_TIMEOUT_S,
+            settings.HTTP_BODY_TIMEOUT_S,
+        )
+        self._send_timeout = settings.HTTP_SEND_TIMEOUT_S
+        self._enter(IDLE)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
-        if self._keep_alive_timer is not None:
-            self._keep_alive_timer.cancel()
-            self._keep_alive_timer = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _enter(self, phase: int) -> None:
+        now = self.loop.time()
+        self._phase, self._since = phase, now
+        if phase == HEADERS:
+            self._head_bytes = 0
+        if phase != BUSY:
+            self._arm(now + self._limits[phase])
+
+    def _arm(self, deadline: float) -> None:
+        timer = self._timer
+        if timer is None or timer.when() > deadline:
+            if timer is not None:
+                timer.cancel()
+            self._timer = self.loop.call_at(deadline, self._check)
 
     def _unset_keepalive_if_required(self) -> None:
-        self._idle_since = None  # busy: the timer, if armed, finds it so and stands down
+        # uvicorn calls this as bytes arrive: the first byte of a request ends the wait for it.
+        if self._phase == IDLE:
+            self._enter(HEADERS)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.response_complete and not self.pipeline:
+            self._enter(IDLE)  # answered before its body ended (the rest was dropped): waiting again
+        else:
+            self._phase = BUSY
 
     def on_response_complete(self) -> None:
         # uvicorn's, with the timer above instead of a new one per response.
@@ -120,25 +198,99 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
             return
         self.flow.resume_reading()
         if self.pipeline:
-            self._idle_since = None
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
             return
-        self._idle_since = self.loop.time()
-        if self._keep_alive_timer is None:
-            self._keep_alive_timer = self.loop.call_later(self.timeout_keep_alive, self._keep_alive_check)
+        if self._phase == BUSY:
+            self._enter(IDLE)
+        # Otherwise answered before the whole body came: the body's limit still runs.
 
-    def _keep_alive_check(self) -> None:
-        self._keep_alive_timer = None
-        if self._idle_since is None or self.transport.is_closing():
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        now = self.loop.time()
+        self._stalled_since = now
+        self._arm(now + self._send_timeout)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stalled_since = None
+
+    def _deadline(self) -> float | None:
+        phase_ends = self._since + self._limits[self._phase] if self._phase != BUSY else None
+        if self._stalled_since is None:
+            return phase_ends
+        stall_ends = self._stalled_since + self._send_timeout
+        return stall_ends if phase_ends is None else min(phase_ends, stall_ends)
+
+    def _check(self) -> None:
+        self._timer = None
+        if self.transport.is_closing():
             return
-        left = self._idle_since + self.timeout_keep_alive - self.loop.time()
-        if left > 0:
-            self._keep_alive_timer = self.loop.call_later(left, self._keep_alive_check)
-        else:
+        deadline = self._deadline()
+        if deadline is None:
+            return  # answering, and the client reading: stand down until a phase with a limit begins
+        if self.loop.time() < deadline:
+            self._timer = self.loop.call_at(deadline, self._check)
+        elif self._stalled_since is not None and self.loop.time() >= self._stalled_since + self._send_timeout:
+            self._close(f"read nothing of the answer for {self._send_timeout:g} s", abort=True)
+        elif self._phase == IDLE:
             self.timeout_keep_alive_handler()
+        elif self._phase == HEADERS:
+            self._request_timeout("headers", self._limits[HEADERS], "MODELFORGE_HTTP_HEADER_TIMEOUT_S")
+        else:
+            self._request_timeout("body", self._limits[BODY], "MODELFORGE_HTTP_BODY_TIMEOUT_S")
+
+    def _request_timeout(self, part: str, limit: float, setting: str) -> None:
+        """``408 REQUEST_TIMEOUT`` (the envelope) when no answer has started, then closed."""
+        from modelforge.errors import codes
+
+        cycle = self.cycle
+        if cycle is None or not cycle.response_started or self._phase == HEADERS:
+            message = f"The request's {part} did not arrive within {limit:g} s ({setting})."
+            self._answer(408, codes.REQUEST_TIMEOUT, message)
+        self._close(f"sent no complete request {part} within {limit:g} s ({setting})", abort=False)
+
+    def _answer(self, status: int, code: str, message: str) -> None:
+        """An answer of the protocol's own, before any request reached the application: the envelope,
+        then the connection closed."""
+        from modelforge.lean import envelope
+        from modelforge.logging import accept_or_generate
+
+        body = envelope(code, message, accept_or_generate(None))
+        head = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            head += (name, b": ", value, b"\r\n")
+        head.append(
+            b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+        )
+        self.transport.write(b"".join(head) + body)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._phase == HEADERS:  # (this data did not end the headers)
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEADER_BYTES and not self.transport.is_closing():
+                from modelforge.errors import codes
+
+                message = (
+                    f"The request's headers are over {MAX_HEADER_BYTES} bytes; send fewer or shorter ones."
+                )
+                self._answer(431, codes.HEADERS_TOO_LARGE, message)
+                self._close(f"sent over {MAX_HEADER_BYTES} bytes of request headers", abort=False)
+
+    def _close(self, what: str, *, abort: bool) -> None:
+        client = f"{self.client[0]}:{self.client[1]}" if self.client else "a client"
+        logger.info("Closed the connection from %s: it %s.", client, what)
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()  # an application waiting for the body hears the client go
+        if abort:
+            self.transport.abort()  # the buffer cannot drain: close() would wait on it for ever
+        else:
+            self.transport.close()
 
     def on_headers_complete(self) -> None:
+        self._enter(BODY)
         handler = _lean_handler(self)
         if handler is not None:
             lean: Any = LeanCycle(self, handler)  # uvicorn's protocol drives it as its own cycle
@@ -155,7 +307,7 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
         if cycle is not None and cycle.scope["method"] == "GET" and not getattr(cycle, "zero_copy", False):
             cycle.zero_copy = True  # type: ignore[attr-defined]
             cycle.scope.setdefault("extensions", {})[ZERO_COPY] = {}
-            cycle.send = ZeroCopySend(cycle, self.loop)  # type: ignore[method-assign]
+            cycle.send = ZeroCopySend(cycle, self.loop, self._send_timeout)  # type: ignore[method-assign]
 
 
 SENDFILE_THREADS = 8
@@ -180,18 +332,21 @@ class ZeroCopySend:
     duplicate of the socket's descriptor (uvloop, the worker's loop, has no ``loop.sendfile``; the
     duplicate keeps the descriptor from being reused should the loop close the connection meanwhile). The
     loop writes nothing else to the connection until it returns. A client that goes away mid-file, or
-    reads nothing for ``STALL`` seconds, ends the response quietly, as uvicorn does for a body written to a
-    closed connection. Over TLS (no plain socket) the file is read and written in blocks instead.
+    reads nothing for ``stall`` seconds (``MODELFORGE_HTTP_SEND_TIMEOUT_S``), ends the response quietly,
+    as uvicorn does for a body written to a closed connection. Over TLS (no plain socket) the file is read
+    and written in blocks instead.
     """
 
-    __slots__ = ("_cycle", "_loop", "_send")
+    __slots__ = ("_cycle", "_loop", "_send", "_stall")
 
-    STALL = 60.0
     BLOCK = 8 << 20
 
-    def __init__(self, cycle: RequestResponseCycle, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, cycle: RequestResponseCycle, loop: asyncio.AbstractEventLoop, stall: float = 60.0
+    ) -> None:
         self._cycle = cycle
         self._loop = loop
+        self._stall = stall
         self._send = RequestResponseCycle.send.__get__(cycle)
 
     async def __call__(self, message: Any) -> None:
@@ -243,7 +398,7 @@ class ZeroCopySend:
             try:
                 done = os.sendfile(out_fd, in_fd, offset + sent, min(self.BLOCK, count - sent))
             except BlockingIOError:
-                if not poller.poll(self.STALL * 1000):
+                if not poller.poll(self._stall * 1000):
                     return sent
                 continue
             except OSError:  # reset, broken pipe

@@ -96,8 +96,10 @@ class ErrorEnvelopeMiddleware:
 
 
 class RequestSizeMiddleware:
-    """Refuses a body larger than ``MODELFORGE_MAX_REQUEST_BYTES`` by its declared length, before
-    anything reads it (Django would otherwise answer a generic 400 from deep inside a view)."""
+    """Refuses a body larger than ``MODELFORGE_MAX_REQUEST_BYTES`` by its declared length (Django would
+    otherwise answer a generic 400 from deep inside a view). Served over ASGI, the body is refused before
+    Django reads it (modelforge/request_bodies.py) and this never sees one; it stays for Django's test
+    client and any handler without that layer."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response

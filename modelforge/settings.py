@@ -52,6 +52,13 @@ WEB_WORKERS = read.integer("MODELFORGE_WEB_WORKERS", 2, minimum=1, maximum=64)
 BIND = read.string("MODELFORGE_BIND", f"{HOST}:{PORT}")
 LOG_LEVEL: str = read.choice("MODELFORGE_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
 DATA_UPLOAD_MAX_MEMORY_SIZE = read.integer("MODELFORGE_MAX_REQUEST_BYTES", 1_048_576, minimum=1024)
+# How long the web process waits on a client (modelforge/http_protocol.py; docs/CONFIGURATION.md says why
+# these defaults): idle between requests, for a request's headers, for its whole body, and for a client
+# that reads nothing of an answer. None limits how long an answer takes: a long generation streams on.
+HTTP_KEEPALIVE_S = read.integer("MODELFORGE_HTTP_KEEPALIVE_S", 5, minimum=1, maximum=3600)
+HTTP_HEADER_TIMEOUT_S = read.integer("MODELFORGE_HTTP_HEADER_TIMEOUT_S", 10, minimum=1, maximum=300)
+HTTP_BODY_TIMEOUT_S = read.integer("MODELFORGE_HTTP_BODY_TIMEOUT_S", 60, minimum=1, maximum=3600)
+HTTP_SEND_TIMEOUT_S = read.integer("MODELFORGE_HTTP_SEND_TIMEOUT_S", 60, minimum=1, maximum=3600)
 # The largest page an API list answers (``?limit=``); a larger limit is refused, not cut short.
 API_MAX_PAGE_SIZE = read.integer("MODELFORGE_API_MAX_PAGE_SIZE", 500, minimum=1, maximum=10_000)
 SECURE_COOKIES = read.boolean("MODELFORGE_SECURE_COOKIES", PRODUCTION)

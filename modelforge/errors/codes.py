@@ -19,6 +19,10 @@ CONFLICT = "CONFLICT"
 PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
 # A ``Range`` that starts at or past the end of the file (the store's artifact files, apps.artifacts).
 RANGE_NOT_SATISFIABLE = "RANGE_NOT_SATISFIABLE"
+# A request's headers or body did not arrive within MODELFORGE_HTTP_*_TIMEOUT_S (modelforge/http_protocol.py).
+REQUEST_TIMEOUT = "REQUEST_TIMEOUT"
+# A request's line and headers over modelforge.http_protocol.MAX_HEADER_BYTES (64 KiB).
+HEADERS_TOO_LARGE = "HEADERS_TOO_LARGE"
 UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE"
 RATE_LIMITED = "RATE_LIMITED"
 SERVICE_UNAVAILABLE = "SERVICE_UNAVAILABLE"
