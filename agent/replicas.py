@@ -206,7 +206,11 @@ class ReplicaManager:
         destination = incoming / relative
         destination.parent.mkdir(parents=True, exist_ok=True)
         partial = destination.with_name(destination.name + ".part")
+        size = int(item["size"])
         have = partial.stat().st_size if partial.exists() else 0
+        if have > size:  # not a prefix of this file: start over
+            partial.unlink()
+            have = 0
         check = verification(item)
         if check is None:  # refused at the door (agent.server); kept here so no path copies unverified
             raise RuntimeError(f"{item['path']}: the artifact's record has no digest this agent can verify")
@@ -216,6 +220,29 @@ class ReplicaManager:
                 for block in iter(lambda: reader.read(CHUNK), b""):
                     hasher.update(block)
             replica.done += have
+        if have < size:
+            hasher = self._receive(replica, base_url, item, partial, have, check, hasher)
+        # have == size: an agent that died after the last byte and before the rename; a Range from the
+        # end would be refused (416) on every retry, so what is on disk is verified as it stands.
+        if hasher.hexdigest() != check.expected:
+            partial.unlink()
+            raise RuntimeError(
+                f"{item['path']}: {check.name} does not match the artifact's record; discarded"
+            )
+        partial.rename(destination)
+
+    def _receive(
+        self,
+        replica: Replica,
+        base_url: str,
+        item: dict[str, Any],
+        partial: Path,
+        have: int,
+        check: Verification,
+        hasher: Any,
+    ) -> Any:
+        """The rest of the file from byte ``have`` into ``partial``, hashed as it arrives; returns the
+        hasher (a new one when the server sent the file whole)."""
         headers = {"Authorization": f"Bearer {self.credential}"}
         if have:
             headers["Range"] = f"bytes={have}-"
@@ -242,12 +269,7 @@ class ReplicaManager:
                 writer.close()
         finally:
             response.close()
-        if hasher.hexdigest() != check.expected:
-            partial.unlink()
-            raise RuntimeError(
-                f"{item['path']}: {check.name} does not match the artifact's record; discarded"
-            )
-        partial.rename(destination)
+        return hasher
 
     def _place(self, replica: Replica, spec: dict[str, Any], incoming: Path) -> None:
         """Move the verified files where the presence check looks: a single .gguf file directly, anything

@@ -107,6 +107,33 @@ def test_a_dropped_connection_leaves_the_part_and_the_retry_resumes_with_range(s
     assert manager.get("r1").done == len(DATA)  # type: ignore[union-attr]
 
 
+def test_a_part_holding_the_whole_file_is_verified_and_placed_without_a_request(served, tmp_path: Path):
+    # An agent that died after the last byte was written but before the part was moved into place: a Range
+    # from its length would be past the end (416) on every retry. What is on disk is verified instead.
+    state, url = served
+    incoming = tmp_path / "models" / ".incoming" / "r1"
+    incoming.mkdir(parents=True)
+    (incoming / "model.safetensors.part").write_bytes(DATA)
+    manager = ReplicaManager(tmp_path / "models", "node-credential", url)
+    manager.start(spec(SHA256, blake3=BLAKE3))
+    assert settle(manager) == PRESENT
+    assert state.ranges == []
+    assert (tmp_path / "models" / "weights" / "model.safetensors").read_bytes() == DATA
+    assert manager.get("r1").done == len(DATA)  # type: ignore[union-attr]
+
+
+def test_a_part_longer_than_the_file_is_discarded_and_fetched_whole(served, tmp_path: Path):
+    state, url = served
+    incoming = tmp_path / "models" / ".incoming" / "r1"
+    incoming.mkdir(parents=True)
+    (incoming / "model.safetensors.part").write_bytes(DATA + b"left over")
+    manager = ReplicaManager(tmp_path / "models", "node-credential", url)
+    manager.start(spec(SHA256))
+    assert settle(manager) == PRESENT
+    assert state.ranges == [None]
+    assert (tmp_path / "models" / "weights" / "model.safetensors").read_bytes() == DATA
+
+
 def test_a_wrong_digest_is_discarded_and_never_placed(served, tmp_path: Path):
     _, url = served
     manager = ReplicaManager(tmp_path / "models", "node-credential", url)
