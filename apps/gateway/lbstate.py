@@ -560,6 +560,15 @@ def read_bench_and_traffic(minutes: int = 5) -> tuple[dict[str, Bench], Counter[
 shared = SharedState()
 
 
+def _named_after_fork() -> None:
+    # gunicorn forks its web workers from a master that imported this module: each names itself by its own
+    # pid, or every worker wrote its in-flight counts under the master's name and took none of the others'.
+    shared.process_id = f"{socket.gethostname()}:{os.getpid()}"
+
+
+os.register_at_fork(after_in_child=_named_after_fork)
+
+
 def clear_settled_churn() -> int:
     """Clear ``lb_sin_bin_churn`` for backends no longer benched often (fewer than the threshold within
     the window). Runs from beat; returns how many alerts were cleared."""

@@ -289,7 +289,23 @@ def seconds_to_boundaries(now: float) -> tuple[int, int, int]:
 
 # A call's id (a member of the credential's sorted sets): this process's random prefix and a counter,
 # unique across processes without a system call (uuid4 reads the kernel's random source every time).
-_CALL_PREFIX = f"{os.getpid():x}.{secrets.token_hex(6)}."
+def _call_prefix() -> str:
+    return f"{os.getpid():x}.{secrets.token_hex(6)}."
+
+
+_CALL_PREFIX = _call_prefix()
+
+
+def _new_call_prefix() -> None:
+    # gunicorn's master imports this module (Django's set-up, for the start-up checks) and forks every web
+    # worker from it: a prefix drawn at import was every worker's, so two workers' first calls had the same
+    # ids, one ZADD replaced the other's entry, and a credential's first calls after a start went past its
+    # limits (issue 47: 5 of 8 admitted at 3 a minute, two workers). Each process draws its own.
+    global _CALL_PREFIX
+    _CALL_PREFIX = _call_prefix()
+
+
+os.register_at_fork(after_in_child=_new_call_prefix)
 
 
 # Calls of one credential admitted in one turn of the event loop go in one script call, up to this many.

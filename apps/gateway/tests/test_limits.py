@@ -6,18 +6,23 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
+import redis
+from django.conf import settings
 from django.contrib.auth.models import User
 
 from apps.clusters.models import ClientCredential
 from apps.clusters.tests.factories import bind, credential, echo_backend, loopback_node, running_server
+from apps.gateway.lbstate import PROCESSES_KEY
 from apps.gateway.limits import Limiter, Limits
 from apps.gateway.resp import LeanRedis
 from tests.fixtures import (
@@ -35,10 +40,20 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
 @pytest.fixture
 def echo(tmp_path):
     clear_usage()
+    clear_limit_counts()
     process, port = echo_backend(tmp_path, "echo-l")
     yield port
     os.killpg(process.process.pid, signal.SIGTERM)
     process.process.wait(10)
+
+
+def clear_limit_counts() -> None:
+    """Forget every credential's windows and totals: a new test database numbers its credentials from 1
+    again, and a run a minute ago may have left the same credential's calls in the shared Redis."""
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    keys = list(client.scan_iter("modelforge:limit:*"))
+    if keys:
+        client.delete(*keys)
 
 
 @pytest.fixture
@@ -190,3 +205,34 @@ def test_with_redis_away_a_limited_call_is_admitted_and_said_so(caplog):
     assert admitted == [None]
     assert limiter.redis_ok is False
     assert any("limits are not enforced" in r.getMessage() for r in caplog.records)
+
+
+def test_a_new_web_process_holds_a_limit_from_its_first_calls(echo, tmp_path, operator_client):
+    # Regression (issue 47): a web process's call ids were drawn in gunicorn's master, before it forked its
+    # workers, so two workers' first calls had the same ids and replaced each other's entries in the
+    # window: 5 of 8 admitted at 3 a minute. A fresh Redis too (no script loaded), as after `make run`.
+    bind("chat.echo@1", server=running_server(loopback_node(), "echo-l", echo))
+    key = credential(["chat.echo@1"])
+    limited(key, operator_client, requests_per_minute=3)
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).script_flush()
+    web = start_web(tmp_path / "fresh-web.log", MODELFORGE_WEB_WORKERS="2")
+    try:
+        # At once, so that both workers take calls with their first ids.
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            statuses = Counter(pool.map(lambda _: chat(web.url, key).status_code, range(8)))
+        assert statuses == {200: 3, 429: 5}, (statuses, web.process.log()[-3000:])
+        # Each worker names itself in the load balancer's shared state, not by the master's pid.
+        master = web.process.process.pid
+        workers = {int(p) for p in Path(f"/proc/{master}/task/{master}/children").read_text().split()}
+        assert len(workers) == 2
+        assert wait_until(lambda: bool(flushed_pids() & workers), 10), (flushed_pids(), master, workers)
+        assert master not in flushed_pids()
+    finally:
+        web.process.stop()
+
+
+def flushed_pids() -> set[int]:
+    """The pids of the web processes of this host whose load-balancer state was flushed lately."""
+    members = redis.Redis.from_url(settings.CELERY_BROKER_URL).zrange(PROCESSES_KEY, 0, -1)
+    host = socket.gethostname()
+    return {int(m.decode().rsplit(":", 1)[1]) for m in members if m.decode().rsplit(":", 1)[0] == host}
