@@ -443,3 +443,14 @@ def clear_usage() -> None:
     keys = list(client.scan_iter("modelforge:usage:*"))
     if keys:
         client.delete(*keys)
+
+
+def clear_limit_counts() -> None:
+    """Forget every credential's limit windows and token totals: a new test database numbers its
+    credentials from 1 again, and an earlier run may have left the same credential's counts in Redis."""
+    import redis
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    keys = list(client.scan_iter("modelforge:limit:*"))
+    if keys:
+        client.delete(*keys)

@@ -20,6 +20,9 @@ import json
 from collections import Counter
 from typing import Any
 
+import msgspec
+from msgspec import UNSET
+
 USAGE_KEY = "modelforge:usage:{bucket}"  # hash "<credential>␟<project>␟<capability>␟<backend>␟<metric>" -> n
 USAGE_ROLLED_KEY = "modelforge:usage:rolled"  # the last minute (bucket) rolled up into the store
 USAGE_KEEP_S = 24 * 3600
@@ -205,10 +208,25 @@ def _tokens(usage: Any) -> tuple[int, int] | None:
     return prompt, completion
 
 
-def asking_for_usage(body: bytes) -> bytes:
-    """The request ``body`` (a JSON object) with ``stream_options.include_usage`` set, which it lacked."""
-    at = body.index(b"{") + 1
-    return body[:at] + ASK_FOR_USAGE + body[at:]
+def asking_for_usage(body: bytes, options: Any) -> bytes | None:
+    """A stream's request ``body`` (a JSON object) asking the engine for usage, given its decoded
+    ``stream_options`` (``msgspec.UNSET``: the key is not there); None when the client asked itself.
+
+    Left out (the usual case: the ``openai`` package sends none), the option goes in front, the rest of the
+    bytes untouched. Otherwise (``null``, ``{}``, ``include_usage`` false or null) the body is decoded and
+    encoded again with ``include_usage`` set and every other choice the client made kept (its other
+    options; a key it sent twice once, with the last value, which is the one JSON parsers keep)."""
+    if options is UNSET:  # msgspec matched every spelling of the key, an escaped one too: none is there
+        at = body.index(b"{") + 1
+        return body[:at] + ASK_FOR_USAGE + body[at:]
+    if options is not None and options.include_usage is True:
+        return None
+    request = msgspec.json.decode(body)
+    sent = request.get("stream_options")
+    request["stream_options"] = (
+        {**sent, "include_usage": True} if isinstance(sent, dict) else {"include_usage": True}
+    )
+    return msgspec.json.encode(request)
 
 
 def usage_event(line: bytes) -> tuple[tuple[int, int] | None, bool]:

@@ -27,6 +27,7 @@ from apps.gateway.limits import Limiter, Limits
 from apps.gateway.resp import LeanRedis
 from tests.fixtures import (
     LiveWeb,
+    clear_limit_counts,
     clear_usage,
     free_port,
     run_in_own_loop,
@@ -45,15 +46,6 @@ def echo(tmp_path):
     yield port
     os.killpg(process.process.pid, signal.SIGTERM)
     process.process.wait(10)
-
-
-def clear_limit_counts() -> None:
-    """Forget every credential's windows and totals: a new test database numbers its credentials from 1
-    again, and a run a minute ago may have left the same credential's calls in the shared Redis."""
-    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    keys = list(client.scan_iter("modelforge:limit:*"))
-    if keys:
-        client.delete(*keys)
 
 
 @pytest.fixture
@@ -233,6 +225,6 @@ def test_a_new_web_process_holds_a_limit_from_its_first_calls(echo, tmp_path, op
 
 def flushed_pids() -> set[int]:
     """The pids of the web processes of this host whose load-balancer state was flushed lately."""
-    members = redis.Redis.from_url(settings.CELERY_BROKER_URL).zrange(PROCESSES_KEY, 0, -1)
-    host = socket.gethostname()
-    return {int(m.decode().rsplit(":", 1)[1]) for m in members if m.decode().rsplit(":", 1)[0] == host}
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL, decode_responses=True)
+    named = [str(member).rsplit(":", 1) for member in client.zrange(PROCESSES_KEY, 0, -1)]
+    return {int(pid) for host, pid in named if host == socket.gethostname()}
