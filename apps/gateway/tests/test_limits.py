@@ -228,3 +228,56 @@ def flushed_pids() -> set[int]:
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL, decode_responses=True)
     named = [str(member).rsplit(":", 1) for member in client.zrange(PROCESSES_KEY, 0, -1)]
     return {int(pid) for host, pid in named if host == socket.gethostname()}
+
+
+def test_a_limit_changed_under_load_holds_in_every_worker(echo, tmp_path, operator_client):
+    # Issue 47: a limit saved while a credential is busy applies in every worker of a web process (each
+    # rebuilds its table on the change notice), and from then on its window counts each admitted call once.
+    bind("chat.echo@1", server=running_server(loopback_node(), "echo-l", echo))
+    key = credential(["chat.echo@1"])
+    pk = ClientCredential.objects.get(display_prefix=key[:12]).pk
+    web = start_web(tmp_path / "loaded-web.log", MODELFORGE_WEB_WORKERS="2")
+    answers: list[int] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(timeout=20) as client:
+            while not stop.is_set():
+                answers.append(
+                    client.post(
+                        web.url + "/v1/chat/completions",
+                        json={"model": "chat.echo@1", "messages": [{"role": "user", "content": "a"}]},
+                        headers={"Authorization": f"Bearer {key}"},
+                    ).status_code
+                )
+
+    clients = [threading.Thread(target=load) for _ in range(6)]
+    try:
+        for thread in clients:
+            thread.start()
+        assert wait_until(lambda: answers.count(200) >= 50, 20)  # busy, with no limit
+        limited(key, operator_client, requests_per_minute=5)
+        assert wait_until(lambda: 429 in answers, 10)
+        stop.set()
+        for thread in clients:
+            thread.join(20)
+        # Every worker has the limit: a burst at once, spread over both, is refused whole, and the window
+        # holds the 5 calls the limit admitted (the calls before the change went through no window).
+        with ThreadPoolExecutor(max_workers=10) as pool:
+            burst = Counter(pool.map(lambda _: chat(web.url, key).status_code, range(10)))
+        assert burst == {429: 10}, burst
+        use = operator_client.get(f"/api/v1/client-credentials/{pk}/use").json()
+        assert use["requests_last_minute"] == 5, use
+        # Raised under load again: admitted again.
+        stop.clear()
+        clients = [threading.Thread(target=load) for _ in range(6)]
+        for thread in clients:
+            thread.start()
+        limited(key, operator_client, requests_per_minute=100_000)
+        served = len(answers)
+        assert wait_until(lambda: 200 in answers[served:], 10)
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(20)
+        web.process.stop()
