@@ -671,11 +671,4 @@ def _argv(limits: Limits, now: float, call: str) -> list[Any]:
     ]
 
 
-def add_tokens(pipe: object, credential: str, tokens: int, now: float) -> None:
-    """Count ``tokens`` against the credential's minute, day and month (the flush's pipeline)."""
-    for key, ttl in zip(keys(credential, now)[2:], (120, 2 * 86400, 32 * 86400), strict=True):
-        pipe.incrby(key, tokens)  # type: ignore[attr-defined]
-        pipe.expire(key, ttl)  # type: ignore[attr-defined]
-
-
 limiter = Limiter()

@@ -343,6 +343,12 @@ class Pipeline:
         self.commands.append(encode(*(repr(p) if isinstance(p, float) else p for p in parts)))
         self.shapes.append(shape)
 
+    def ping(self) -> None:
+        self._add(None, "PING")
+
+    def eval(self, script: str, numkeys: int, *keys_and_args: Any) -> None:
+        self._add(None, "EVAL", script, numkeys, *keys_and_args)
+
     def hincrby(self, name: str, key: str | bytes, amount: int = 1) -> None:
         self._add(None, "HINCRBY", name, key, amount)
 

@@ -29,7 +29,7 @@ from apps.clusters.tests.factories import bind, credential, echo_backend, loopba
 from apps.gateway.lbstate import SharedState
 from apps.gateway.resp import LeanRedis
 from apps.gateway.shapes import ChatCompletion, checked
-from apps.gateway.usage import SEP, USAGE_KEY, asking_for_usage, split_field, usage_in
+from apps.gateway.usage import SEP, USAGE_KEY, Outbox, asking_for_usage, split_field, usage_in
 from apps.observability.models import UsageSample
 from apps.observability.sampling import roll_up_usage
 from tests.fixtures import clear_limit_counts, clear_usage, free_port, run_in_own_loop, wait_until
@@ -311,13 +311,36 @@ def test_usage_waits_in_the_process_while_redis_is_away_and_is_flushed_after():
 
     run_in_own_loop(state.flush)  # (a browser test may keep a loop running in this thread)
     assert state.redis_ok is False
-    assert state.usage.counts[f"7{SEP}{SEP}chat.echo@1{SEP}echo-a{SEP}prompt_tokens"] == 5
+    assert state.outbox.pending()[f"7{SEP}{SEP}chat.echo@1{SEP}echo-a{SEP}prompt_tokens"] == 5
     clear_usage()
     state._client = redis.asyncio.Redis.from_url(settings.CELERY_BROKER_URL)
     state._lean = None  # made again from the settings at the next flush
     run_in_own_loop(state.flush)  # (a browser test may keep a loop running in this thread)
-    assert not state.usage.counts and not state.usage.totals
+    assert not state.usage.counts and not state.usage.totals and not state.outbox.batches
     assert counted("7")["chat.echo@1:prompt_tokens"] == 5
+
+
+def test_a_batch_of_usage_sent_again_is_counted_once():
+    # Regression (issue 47's drill): a flush whose reply did not come (Redis frozen) kept its usage and
+    # sent it again, and the frozen Redis ran the first send too when it resumed: tokens counted several
+    # times over (16 calls' worth for 6 calls after a few seconds' freeze).
+    clear_usage()
+    clear_limit_counts()
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    outbox, now = Outbox(), time.time()
+    field = f"8{SEP}{SEP}chat.echo@1{SEP}echo-a{SEP}"
+    outbox.add(Counter({field + "prompt_tokens": 5, field + "completion_tokens": 6}), Counter())
+    for _ in range(3):  # sent, unanswered, sent again: Redis runs every copy
+        with client.pipeline(transaction=False) as pipe:
+            outbox.write(pipe, int(now // 60), now)
+            pipe.execute()
+    outbox.add(Counter({field + "prompt_tokens": 1}), Counter())  # a batch after it: counted
+    with client.pipeline(transaction=False) as pipe:
+        outbox.write(pipe, int(now // 60), now)
+        pipe.execute()
+    outbox.sent()
+    assert counted("8")["chat.echo@1:prompt_tokens"] == 6
+    assert current_use("8")["tokens_today"] == 12
 
 
 def test_a_stream_asks_for_usage_and_keeps_the_client_s_other_choices():
@@ -407,5 +430,3 @@ def test_the_meter_counts_each_field_only_for_what_happened_and_adds_up_across_c
     counts, totals = meter.take()
     assert counts[one + "requests"] == 3 and totals[total + "requests"] == 5
     assert not meter.counts and not meter.totals
-    meter.put_back(counts, totals)  # a flush that failed keeps them for the next
-    assert meter.take() == (counts, totals)
