@@ -44,7 +44,7 @@ import redis.asyncio as aioredis
 
 from apps.clusters import codes
 from apps.clusters.limits import IN_FLIGHT_TTL_S, KEY, keys
-from apps.gateway.resp import LeanRedis, RespError
+from apps.gateway.resp import LeanRedis, RespConnectionLost, RespError
 
 logger = logging.getLogger("modelforge.gateway")
 
@@ -494,6 +494,10 @@ class Limiter:
         batch.calls.append(call)
         try:
             answer = await batch.waiter
+        except RespConnectionLost:
+            if index == 0:  # tried again (``admit``): the slots and credit it gave back go with it
+                self._requeue(credential, batch)
+            raise
         finally:
             credit = self._credit.get(key)
             if index == 0 and credit is not None and credit.asking is batch:
@@ -501,10 +505,8 @@ class Limiter:
         if isinstance(answer, RespError) and str(answer).startswith("NOSCRIPT"):
             # Redis lost its scripts (a restart): this call alone, the script loaded first; the slots the
             # batch was to give back go with the first call's.
-            if index == 0 and batch.released:
-                self._released.setdefault(credential, []).extend(batch.released)
-            if index == 0 and batch.unused:
-                self._unused.setdefault(credential, []).extend(batch.unused)
+            if index == 0:
+                self._requeue(credential, batch)
             return await lean.run_script(self._evalsha(credential, limits, time.time(), [call]), ADMIT)
         if isinstance(answer, RespError):
             raise answer
@@ -513,6 +515,13 @@ class Limiter:
                 self._granted(key, batch, int(answer[1]))
             return answer
         return answer[3 * index : 3 * index + 3]
+
+    def _requeue(self, credential: str, batch: _Batch) -> None:
+        """The slots and credit a batch was to give back, for the credential's next script call."""
+        if batch.released:
+            self._released.setdefault(credential, []).extend(batch.released)
+        if batch.unused:
+            self._unused.setdefault(credential, []).extend(batch.unused)
 
     def _granted(self, key: tuple[str, Limits], batch: _Batch, granted: int) -> None:
         """Credit came with ``batch``'s answer: ``granted`` calls admitted ahead, handed out by ``admit``
@@ -570,7 +579,14 @@ class Limiter:
                     unused, credit.ids = credit.ids, []
                     self._give_back(credential, unused)
                 call = _CALL_PREFIX + str(next(self._calls))
-                answer = await self._admit_lean(lean, credential, limits, call)
+                try:
+                    answer = await self._admit_lean(lean, credential, limits, call)
+                except RespConnectionLost:
+                    # The connection ended under the call (Redis restarted a moment ago): a new one is
+                    # made and the call checked on it; only when that fails too is Redis unreachable.
+                    # (The same id: a call that Redis counted before the connection ended is not counted
+                    # twice.)
+                    answer = await self._admit_lean(lean, credential, limits, call)
             else:
                 call = _CALL_PREFIX + str(next(self._calls))
                 now = time.time()

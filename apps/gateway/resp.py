@@ -29,6 +29,11 @@ class RespUnavailable(ConnectionError):
     """No answer: not connected, the connection was lost, or the reply did not come in time."""
 
 
+class RespConnectionLost(RespUnavailable):
+    """The connection ended under the command (Redis restarted, the connection was cut): a new
+    connection may well answer, unlike a reply that did not come in time."""
+
+
 def encode(*parts: bytes | str | int) -> bytes:
     out = [b"*%d\r\n" % len(parts)]
     for part in parts:
@@ -186,7 +191,7 @@ class _Protocol(asyncio.Protocol):
             self.buffer += buffer[at:]
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._fail(RespUnavailable(f"connection lost ({exc})" if exc else "connection closed"))
+        self._fail(RespConnectionLost(f"connection lost ({exc})" if exc else "connection closed"))
 
     def _fail(self, error: Exception) -> None:
         self.lost = True

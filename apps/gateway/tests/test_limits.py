@@ -25,6 +25,7 @@ from apps.clusters.tests.factories import bind, credential, echo_backend, loopba
 from apps.gateway.lbstate import PROCESSES_KEY
 from apps.gateway.limits import Limiter, Limits
 from apps.gateway.resp import LeanRedis
+from modelforge.embedded import EmbeddedRedis
 from tests.fixtures import (
     LiveWeb,
     clear_limit_counts,
@@ -281,3 +282,29 @@ def test_a_limit_changed_under_load_holds_in_every_worker(echo, tmp_path, operat
         for thread in clients:
             thread.join(20)
         web.process.stop()
+
+
+def test_a_limited_call_just_after_a_redis_restart_is_checked_not_admitted_unchecked(tmp_path, caplog):
+    # Issue 47: the first call after Redis restarted found the old connection ended under it and was
+    # admitted as if Redis were away, though a new connection answered (and loads the script it lost).
+    restarted = EmbeddedRedis(tmp_path / "redis", free_port())
+    restarted.start(persistent=False)
+    limiter = Limiter()
+    limiter._lean = LeanRedis(restarted.url)
+    slots: list[str | None] = []
+
+    async def admit_across_a_restart() -> None:
+        slots.append(await limiter.admit("1", Limits(max_concurrent=5)))
+        restarted.stop()  # (blocking the loop: the call below is the first to find the connection gone)
+        restarted.start(persistent=False)
+        slots.append(await limiter.admit("1", Limits(max_concurrent=5)))
+
+    try:
+        run_in_own_loop(admit_across_a_restart)
+        # Checked both times (a concurrency slot is the check's; an unchecked call has none).
+        assert None not in slots and len(slots) == 2
+        assert limiter.redis_ok is True
+        assert not any("not enforced" in r.getMessage() for r in caplog.records)
+        assert redis.Redis.from_url(restarted.url).zcard("modelforge:limit:1:in-flight") == 1
+    finally:
+        restarted.stop()
