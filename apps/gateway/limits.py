@@ -20,7 +20,10 @@ admitted ahead, counted in Redis from the grant, handed out by this process with
 A refusal is ``429`` with ``Retry-After``: ``RATE_LIMITED`` for the per-minute and concurrency limits,
 ``BUDGET_EXHAUSTED`` for the day and month budgets. With Redis unreachable, limits cannot be checked
 and calls are admitted (logged once per outage): a limit is a control on cost and fairness, and a Redis
-blip must not become an outage of every limited credential.
+blip must not become an outage of every limited credential. Unreachable is no connection to be made, or
+no reply within ``resp.TIMEOUT_S``; a process not connected yet connects first, a connection that ended
+under a call (a restart) is made again for it, and a Redis that lost the script gets it loaded: each
+checks the call rather than admitting it unchecked.
 """
 
 from __future__ import annotations
