@@ -86,8 +86,8 @@ def key(scope: str, source: str) -> str:
 
 
 def source_of(request: Any) -> str:
-    """The caller's address as the web server resolved it (uvicorn honours X-Forwarded-For only from the
-    proxies gunicorn trusts, ``forwarded_allow_ips``)."""
+    """The caller's address: its peer, or the client a trusted proxy names (``MODELFORGE_TRUSTED_PROXIES``,
+    resolved for every request by modelforge.proxies)."""
     return str(request.META.get("REMOTE_ADDR") or "unknown")
 
 

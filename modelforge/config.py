@@ -8,6 +8,8 @@ read outside the reader, and adds what only the control plane parses: database U
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -50,6 +52,7 @@ CONTROL_PLANE_AGENT_NAMES = frozenset({"MODELFORGE_AGENT_CALL_TIMEOUT"})
 KNOWN_ELSEWHERE = frozenset(
     {
         "MODELFORGE_HOME",  # modelforge/devstack.py, modelforge/embedded.py
+        "MODELFORGE_RUN_MARK",  # make run marks what it starts (modelforge/devguard.py)
         "MODELFORGE_EMBEDDED_PG_PORT",
         "MODELFORGE_EMBEDDED_REDIS_PORT",
         "MODELFORGE_LOCAL_AGENT",  # make run: start the local node agent
@@ -92,3 +95,21 @@ class SettingsReader(EnvReader):
         if not config.get("NAME"):
             self.problem(INVALID_SETTING, name, "the URL names no database; append /<database name>")
         return config
+
+    def networks(self, name: str, default: list[str]) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        """Addresses and CIDR networks, comma separated (``10.0.0.5``, ``10.0.0.0/24``, ``fd00::/8``); an
+        entry that is neither is a problem and left out. ``*`` is refused: trusting every address is
+        written out, ``0.0.0.0/0,::/0``, if it is really meant."""
+        found = []
+        for item in self.csv(name, default):
+            try:
+                found.append(ipaddress.ip_network(item))
+            except ValueError:
+                hint = "give addresses or networks such as 10.0.0.5 or 10.0.0.0/24, comma separated"
+                if "/" in item:
+                    with contextlib.suppress(ValueError):
+                        hint = f"did you mean {ipaddress.ip_network(item, strict=False)}? (host bits are set)"
+                elif item == "*":
+                    hint = "list the proxies' addresses; to trust every address, write 0.0.0.0/0,::/0"
+                self.problem(INVALID_SETTING, name, f"{item!r} is not an address or network: {hint}")
+        return found

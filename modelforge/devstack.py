@@ -7,7 +7,8 @@
 PostgreSQL and Redis come from PyPI wheels (``modelforge.embedded``) unless ``MODELFORGE_DATABASE_URL``
 / ``MODELFORGE_REDIS_URL`` are set. A process that exits is started again after a back-off; one that
 keeps crashing, a refused start (status 3), Ctrl-C or SIGTERM stops every process this started, services
-last.
+last. A run killed outright leaves none of its processes running: its guardian stops them
+(``modelforge.devguard``), or else the next run on the data folder does.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from modelforge import devguard
 from modelforge.embedded import EmbeddedStack, EmbeddedStackError, port_defaults
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -255,9 +257,10 @@ class Supervisor:
         self.children: dict[str, Child] = {}
         self.stopping = False
         self.adopting = False
+        self.guardian: int | None = None  # our child, not an orphan: it outlives us on purpose
 
     def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
-        env = env or self.env
+        env = devguard.with_role(env or self.env, name)
         child = Child(name, argv, env, self._spawn(argv, env))
         self.children[name] = child
         self._follow(child)
@@ -378,7 +381,7 @@ class Supervisor:
         looked at unless adopting: another parent's zombie is not ours to reap."""
         if not self.adopting:
             return []
-        ours = {child.process.pid for child in self.children.values()}
+        ours = {child.process.pid for child in self.children.values()} | {self.guardian}
         live = []
         for pid, state in _children_of(os.getpid()):
             if pid in ours:
@@ -546,6 +549,12 @@ def _run_locked(home: Path) -> int:
     env.setdefault("MODELFORGE_GATEWAY_URL", f"http://127.0.0.1:{env.get('MODELFORGE_PORT', '8000')}")
 
     say(f"data folder {home}")
+    _stop_what_a_dead_run_left(home)
+    # Every process this run starts carries the mark, and what they start inherits it: the guardian and
+    # the next run find them by it (modelforge.devguard).
+    mark = devguard.new_mark()
+    devguard.record_mark(home, mark)
+    env[devguard.MARK] = f"{mark}:set-up"
     # The backup root of the embedded default (a configured MODELFORGE_BACKUP_ROOT is the operator's to
     # provide: a missing one is refused as DESTINATION_UNAVAILABLE, never created behind their back).
     if not env.get("MODELFORGE_BACKUP_ROOT"):
@@ -561,6 +570,8 @@ def _run_locked(home: Path) -> int:
         say(str(exc))
         return EXIT_REFUSED
     supervisor = Supervisor(env)
+    guardian = devguard.Guardian(mark)
+    supervisor.guardian = guardian.process.pid
     code = 0
     try:
         try:
@@ -588,8 +599,22 @@ def _run_locked(home: Path) -> int:
         say("stopping")
         supervisor.stop_all()
         stack.stop(only_started=True)
+        guardian.close()
         say("stopped")
     return code
+
+
+def _stop_what_a_dead_run_left(home: Path) -> None:
+    """Stop the processes of the last run on ``home`` that still run (its guardian died with it)."""
+    mark = devguard.last_mark(home)
+    if mark is None:
+        return
+    found = devguard.stop(mark)
+    if found:
+        say(
+            "stopped what the last run on this data folder left running (it was killed): "
+            f"{devguard.describe(found)}"
+        )
 
 
 def _serve(env: dict[str, str], home: Path, stack: EmbeddedStack, supervisor: Supervisor) -> int:
@@ -726,6 +751,7 @@ def down() -> int:
     holder = lock.acquire()
     if holder is not None:
         return _refuse_in_use(home, holder)
+    _stop_what_a_dead_run_left(home)  # before the services they use
     lock.release()
     EmbeddedStack.from_environment(home, _base_env(home)).stop()
     return 0

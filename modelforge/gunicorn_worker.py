@@ -48,6 +48,9 @@ class Worker(UvicornWorker):
         # No "server: uvicorn" on every response: it tells a client nothing it needs, and each header
         # is checked against two expressions per response.
         "server_header": False,
+        # X-Forwarded-For and -Proto are read by modelforge.proxies, from MODELFORGE_TRUSTED_PROXIES only:
+        # uvicorn's own reading believed them from 127.0.0.1 (gunicorn's forwarded_allow_ips default).
+        "proxy_headers": False,
     }
 
     async def _serve(self) -> None:

@@ -264,7 +264,7 @@ class ZeroCopySend:
             await self._send({"type": "http.response.body", "body": block, "more_body": more})
 
 
-_LEAN: tuple[dict[str, Any], tuple[tuple[str, Any], ...]] | None = None
+_LEAN: tuple[dict[str, Any], tuple[tuple[str, Any], ...], Any] | None = None
 
 
 def handler_for(path: str, exact: dict[str, Any], prefixes: tuple[tuple[str, Any], ...]) -> Any:
@@ -303,9 +303,9 @@ def _lean_handler(protocol: HttpToolsProtocol) -> Any:
     if _LEAN is None:
         from modelforge import asgi
 
-        _LEAN = (asgi.EXACT, asgi.PREFIXES)
+        _LEAN = (asgi.EXACT, asgi.PREFIXES, asgi.TRUSTED)
     path = url.decode("ascii")
-    handler = handler_for(path, *_LEAN)
+    handler = handler_for(path, _LEAN[0], _LEAN[1])
     if handler is None:
         return None
     scope = protocol.scope
@@ -313,6 +313,8 @@ def _lean_handler(protocol: HttpToolsProtocol) -> Any:
     scope["path"] = path
     scope["raw_path"] = url
     scope["query_string"] = b""
+    if _LEAN[2] is not None:  # behind a trusted proxy: the client it names, as modelforge.asgi does
+        _LEAN[2].resolve(scope)  # type: ignore[arg-type]
     return handler
 
 

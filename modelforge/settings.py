@@ -63,6 +63,9 @@ LOGIN_FAILURE_LIMIT = read.integer("MODELFORGE_LOGIN_FAILURE_LIMIT", 5, minimum=
 LOGIN_COOLOFF = read.integer("MODELFORGE_LOGIN_COOLOFF", 900, minimum=1, maximum=7 * 86400)
 API_AUTH_FAILURE_LIMIT = read.integer("MODELFORGE_API_AUTH_FAILURE_LIMIT", 10, minimum=1, maximum=10_000)
 API_AUTH_FAILURE_WINDOW = read.integer("MODELFORGE_API_AUTH_FAILURE_WINDOW", 300, minimum=1, maximum=86400)
+# The proxies whose X-Forwarded-For (the client's address) and X-Forwarded-Proto are believed: none unless
+# listed, in development too (modelforge/proxies.py; docs/CONFIGURATION.md, "Behind a proxy").
+TRUSTED_PROXIES = read.networks("MODELFORGE_TRUSTED_PROXIES", [])
 
 # Nodes: how often agents report, and when silence makes a node stale, then offline (CONFIGURATION.md
 # explains the defaults: stale after three missed intervals plus a margin, so jitter never flaps).

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 import urllib.request
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from modelforge import devguard
 from modelforge.devstack import DataFolderLock, Ending, ServiceWatch, Supervisor
 from modelforge.embedded import EmbeddedStack, EmbeddedStackError, port_defaults
 from tests.fixtures import (
@@ -615,3 +617,167 @@ def test_ctrl_c_at_any_moment_of_start_up_stops_cleanly_and_says_interrupted(tmp
     assert "ModelForge is running" not in log
     assert not (home / "postgres" / "data" / "postmaster.pid").exists()
     assert not (home / "redis" / "redis.pid").exists()
+
+
+# --- A killed make run: nothing it started outlives it; the next run stops what a dead one left -------
+
+
+def descendants(root: int) -> dict[int, list[str]]:
+    """Every live process below ``root`` (children, their children, ...), with its command line."""
+    found: dict[int, list[str]] = {}
+    parents = [root]
+    while parents:
+        below = children_of(parents.pop())
+        found.update(below)
+        parents.extend(below)
+    return found
+
+
+def guardian_of(running) -> int | None:
+    """The pid of the run's guardian (it stops the run's processes when the run dies), if it runs."""
+    pids = [pid for pid, argv in children_of(running.process.pid).items() if "modelforge.devguard" in argv]
+    return pids[0] if pids else None
+
+
+def test_a_killed_run_leaves_nothing_running_and_the_next_run_stops_what_a_dead_one_left(
+    tmp_path, stack_home
+):
+    # Regression: kill -9 of make run left web, worker, beat and the agent serving; the next run's web
+    # crash-looped on the port the orphaned one held.
+    env, home, base = stack_env(stack_home, MODELFORGE_DEMO="true")
+    first = start_process([PYTHON, "-m", "modelforge", "run"], env, tmp_path / "run.log")
+    try:
+        assert wait_until(logged(first, "or, in Python (pip install openai):"), 300), first.log()[-4000:]
+        left = descendants(first.process.pid)
+        for role in ("web", "worker", "beat", "agent"):
+            assert stack_process(first, role) is not None, role
+        agent = stack_process(first, "agent")
+        assert agent is not None
+        (model_server,) = children_of(agent)
+        databases = embedded_pids(home)
+        # A dead run's guardian too (the OOM killer, or kill -9 of everything): its processes are left for
+        # the next run to find.
+        guardian = guardian_of(first)
+        if guardian is not None:
+            os.kill(guardian, signal.SIGKILL)
+            left.pop(guardian)
+        os.killpg(first.process.pid, signal.SIGKILL)
+        first.process.wait(10)
+        assert all(alive(pid) for pid in left)  # what the next run must find and stop
+    except BaseException:
+        interrupt(first)
+        raise
+
+    second = start_process([PYTHON, "-m", "modelforge", "run"], env, tmp_path / "run-again.log")
+    try:
+        assert wait_until(logged(second, "ModelForge is running at"), 180), second.log()[-4000:]
+        log = second.log()
+        stopped = next(line for line in log.splitlines() if "stopped what the last run" in line)
+        for pid in left:
+            assert f"{pid}" in stopped, (pid, left[pid], stopped)
+        for role in ("web", "worker", "beat", "agent", "model server"):
+            assert role in stopped, (role, stopped)
+        assert not any(alive(pid) for pid in left)
+        assert "Address already in use" not in log and "restarted the web process" not in log
+        # The embedded services are the data folder's: the killed run left them, this one uses them.
+        assert embedded_pids(home) == databases
+        assert wait_until(logged(second, "or, in Python (pip install openai):"), 180), second.log()[-4000:]
+        credential = (home / "secrets" / "demo-client-credential").read_text().strip()
+        assert ask_the_demo(base, credential) == "echo: hello"
+        assert not alive(model_server)
+
+        # The second run killed the same way, its guardian alive: within 5 s none of its processes run.
+        assert guardian_of(second) is not None
+        agent = stack_process(second, "agent")
+        assert agent is not None and len(children_of(agent)) == 1  # the demo's model server, again
+        ours = descendants(second.process.pid)
+        os.killpg(second.process.pid, signal.SIGKILL)
+        second.process.wait(10)
+        assert wait_until(lambda: not any(alive(pid) for pid in ours), 5), {
+            pid: argv for pid, argv in ours.items() if alive(pid)
+        }
+        guarded = f"modelforge: the make run (pid {second.process.pid}) ended without stopping its processes"
+        assert wait_until(logged(second, guarded), 5), second.log()[-3000:]
+        said = next(line for line in second.log().splitlines() if guarded in line)
+        for role in ("web", "worker", "beat", "agent", "model server"):
+            assert role in said, (role, said)
+        assert not http_ok(base + "/healthz")
+        assert all(alive(pid) for pid in databases)
+    finally:
+        interrupt(second)
+        for pid in left:  # a failure here must not leave the first run's processes behind
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        run_command([PYTHON, "-m", "modelforge", "down"], env, 60)
+    assert not any(alive(pid) for pid in databases)
+
+
+SLEEPER = "import time; time.sleep(60)"
+
+
+def test_a_run_stops_only_what_carries_its_mark_and_what_runs_in_the_sessions_they_lead():
+    run, other = devguard.new_mark(), devguard.new_mark()
+    # The leader's child drops its environment (a process title written over it would too): it is still
+    # found, by the session its marked leader leads.
+    leader = subprocess.Popen(
+        [
+            PYTHON,
+            "-c",
+            "import subprocess, sys\n"
+            f"subprocess.Popen([sys.executable, '-c', {SLEEPER!r}], env={{}})\n{SLEEPER}",
+        ],
+        env=process_env(**{devguard.MARK: f"{run}:web"}),
+        start_new_session=True,
+    )
+    stranger = subprocess.Popen(
+        [PYTHON, "-c", SLEEPER], env=process_env(**{devguard.MARK: f"{other}:web"}), start_new_session=True
+    )
+    try:
+        assert wait_until(lambda: len(children_of(leader.pid)) == 1, 10)
+        (child,) = children_of(leader.pid)
+        assert devguard.marked(run) == {leader.pid: "web", child: "web"}
+        stopped = devguard.stop(run, grace=1)
+        assert devguard.describe(stopped) == f"web (pid {', '.join(map(str, sorted((leader.pid, child))))})"
+        leader.wait(5)
+        assert wait_until(lambda: not alive(child), 5)
+        assert stranger.poll() is None
+    finally:
+        for process in (leader, stranger):
+            process.kill()
+            process.wait()
+
+
+def test_the_guardian_stops_a_killed_runs_processes_and_says_which():
+    run = devguard.new_mark()
+    supervisor = subprocess.Popen(
+        [
+            PYTHON,
+            "-c",
+            "import os, subprocess, sys, time\n"
+            "from modelforge import devguard\n"
+            "guardian = devguard.Guardian(sys.argv[1])\n"
+            "env = {**os.environ, devguard.MARK: sys.argv[1] + ':worker'}\n"
+            f"subprocess.Popen([sys.executable, '-c', {SLEEPER!r}], env=env, start_new_session=True)\n"
+            "print('up', flush=True)\n"
+            "time.sleep(60)\n",
+            run,
+        ],
+        env=process_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert supervisor.stdout is not None and supervisor.stdout.readline() == "up\n"
+        (worker,) = devguard.marked(run)
+        supervisor.kill()  # SIGKILL: nothing of ours runs in it any more
+        supervisor.wait()
+        assert wait_until(lambda: not alive(worker), 5)
+        said = supervisor.stdout.read()  # the guardian's line; the end once the guardian has exited
+        assert said == (
+            f"modelforge: the make run (pid {supervisor.pid}) ended without stopping its processes; "
+            f"stopped worker (pid {worker})\n"
+        )
+    finally:
+        supervisor.kill()
+        for pid in devguard.marked(run):
+            os.kill(pid, signal.SIGKILL)

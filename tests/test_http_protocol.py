@@ -193,7 +193,7 @@ def serve_lean(monkeypatch, handler, check) -> None:  # type: ignore[no-untyped-
     that answers 418 (uvicorn's own cycle, as Django's requests do)."""
     from modelforge import http_protocol
 
-    monkeypatch.setattr(http_protocol, "_LEAN", ({}, (("/lean/", handler),)))
+    monkeypatch.setattr(http_protocol, "_LEAN", ({}, (("/lean/", handler),), None))
 
     async def other(scope, receive, send):  # type: ignore[no-untyped-def]
         await send({"type": "http.response.start", "status": 418, "headers": [(b"content-length", b"3")]})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 import pytest
@@ -222,6 +223,45 @@ def test_a_mass_loss_fraction_outside_zero_to_one_is_invalid_and_named(value):
     assert [(p.code, p.setting) for p in read.problems] == [
         (INVALID_SETTING, "MODELFORGE_LIVENESS_MASS_LOSS_FRACTION")
     ]
+
+
+@pytest.mark.parametrize(
+    ("value", "hint"),
+    [
+        ("10.0.0.1/8", "did you mean 10.0.0.0/8?"),
+        ("*", "0.0.0.0/0,::/0"),
+        ("proxy.internal", "addresses or networks"),
+        ("10.0.0.300", "addresses or networks"),
+    ],
+)
+def test_a_trusted_proxy_that_is_not_an_address_or_network_is_invalid_and_named(value, hint):
+    read = SettingsReader({"MODELFORGE_TRUSTED_PROXIES": f"127.0.0.1, {value}"})
+    assert read.networks("MODELFORGE_TRUSTED_PROXIES", []) == [ipaddress.ip_network("127.0.0.1")]
+    (problem,) = read.problems
+    assert (problem.code, problem.setting) == (INVALID_SETTING, "MODELFORGE_TRUSTED_PROXIES")
+    assert repr(value) in problem.message and hint in problem.message
+
+
+def test_trusted_proxies_parse_and_none_are_trusted_by_default():
+    read = SettingsReader({"MODELFORGE_TRUSTED_PROXIES": "10.0.0.5, 172.16.0.0/12,fd00::/8"})
+    assert [str(n) for n in read.networks("MODELFORGE_TRUSTED_PROXIES", [])] == [
+        "10.0.0.5/32",
+        "172.16.0.0/12",
+        "fd00::/8",
+    ]
+    assert read.problems == []
+    assert SettingsReader({}).networks("MODELFORGE_TRUSTED_PROXIES", []) == []
+
+
+def test_a_bad_trusted_proxy_refuses_a_production_start_by_name():
+    from tests.fixtures import PYTHON, process_env, run_command
+
+    env = process_env(MODELFORGE_ENV="production", MODELFORGE_TRUSTED_PROXIES="10.0.0.1/8")
+    done = run_command([PYTHON, "manage.py", "check"], env)
+    assert done.returncode == 3
+    assert "[INVALID_SETTING] MODELFORGE_TRUSTED_PROXIES: '10.0.0.1/8' is not an address or network" in (
+        done.stdout + done.stderr
+    )
 
 
 def test_a_mass_loss_fraction_parses():

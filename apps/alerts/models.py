@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import json
-import string
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection, models
@@ -15,25 +15,22 @@ def dedup_key_for(code: str, subject_type: str, subject_id: str) -> str:
     return f"{code}:{subject_type}:{subject_id}"
 
 
-def _name_parts(message: str) -> list[str] | None:
-    """``message`` split around its ``{name}`` fields (braces unescaped, as ``str.format`` does), so that
-    ``array_to_string(parts, name)`` in SQL is ``message.format(name=name)``; ``None`` when the template
-    has any other field, a conversion or a format spec (then it is formatted in Python)."""
-    parts, literal = [], ""
-    try:
-        parsed = list(string.Formatter().parse(message))
-    except ValueError:
-        return None
-    for text, field, spec, conversion in parsed:
-        literal += text
-        if field is None:
-            continue
-        if field != "name" or spec or conversion:
-            return None
-        parts.append(literal)
-        literal = ""
-    parts.append(literal)
-    return parts
+@dataclass(frozen=True, init=False)
+class AroundName:
+    """One message for many subjects: literal pieces with each subject's name put between them, so
+    ``AroundName("Node ", " is offline.")`` is ``Node gpu-7 is offline.`` for ``gpu-7``.
+
+    Alert text is data, never a template: names and the rest come from operators and remote systems
+    (a channel's name, a webhook's reply), and a brace in them once crashed whatever raised the alert
+    (issue 47). Nothing here is parsed; the pieces are joined as they are, here or in SQL."""
+
+    pieces: tuple[str, ...]
+
+    def __init__(self, *pieces: str) -> None:
+        object.__setattr__(self, "pieces", tuple(pieces))
+
+    def for_name(self, name: str) -> str:
+        return name.join(self.pieces)
 
 
 class AlertQuerySet(models.QuerySet["Alert"]):
@@ -54,13 +51,15 @@ class AlertManager(models.Manager["Alert"]):
         severity: str,
         subject_type: str,
         subjects: Sequence[tuple[str, str]],
-        message: str,
+        message: str | AroundName,
         at: datetime | None = None,
     ) -> int:
         """Raise ``code`` for each ``(subject_id, subject_name)`` in one statement.
 
         An alert already open for the same de-duplication key is not duplicated: it counts one more
-        occurrence. ``message`` may contain ``{name}``. Returns how many new alerts were opened.
+        occurrence. ``message`` is the text every subject gets, or an ``AroundName`` whose pieces are put
+        around each subject's name; either is stored as written, never formatted. Returns how many new
+        alerts were opened.
 
         The subjects travel as ONE JSON text and the keys and messages are built in the statement: a whole
         fleet's worth (the liveness sweep after an outage) costs a few milliseconds to send, where arrays
@@ -70,12 +69,9 @@ class AlertManager(models.Manager["Alert"]):
         if not subjects:
             return 0
         at = at or timezone.now()
-        parts = _name_parts(message)
-        if parts is None:  # a template beyond plain {name}: formatted here, as str.format does
-            rows = [[str(subject_id), name, message.format(name=name)] for subject_id, name in subjects]
-            parts = [""]
-        else:
-            rows = [[str(subject_id), name] for subject_id, name in subjects]
+        # array_to_string(pieces, name) in SQL is name.join(pieces): a plain text is one piece.
+        parts = list(message.pieces) if isinstance(message, AroundName) else [message]
+        rows = [[str(subject_id), name] for subject_id, name in subjects]
         table = self.model._meta.db_table
         # ON CONFLICT on the partial unique index (one open alert per key) makes raising idempotent
         # and race-safe; xmax = 0 tells an inserted row from an updated one.
@@ -83,13 +79,13 @@ class AlertManager(models.Manager["Alert"]):
             cursor.execute(
                 f"""
                 WITH s AS (
-                    SELECT e ->> 0 AS id, e ->> 1 AS name, e ->> 2 AS message
+                    SELECT e ->> 0 AS id, e ->> 1 AS name
                     FROM json_array_elements(%(subjects)s::json) AS e
                 ), raised AS (
                     INSERT INTO {table} (code, severity, subject_type, subject_id, subject_name, dedup_key,
                                          message, raised_at, last_raised_at, occurrences)
                     SELECT %(code)s, %(severity)s, %(subject_type)s, s.id, s.name, %(key_prefix)s || s.id,
-                           coalesce(s.message, array_to_string(%(parts)s::text[], s.name)), %(at)s, %(at)s, 1
+                           array_to_string(%(parts)s::text[], s.name), %(at)s, %(at)s, 1
                     FROM s
                     ON CONFLICT (dedup_key) WHERE cleared_at IS NULL
                     DO UPDATE SET last_raised_at = EXCLUDED.last_raised_at,
@@ -122,7 +118,8 @@ class AlertManager(models.Manager["Alert"]):
         message: str,
         at: datetime | None = None,
     ) -> bool:
-        """Raise one alert; ``True`` if a new one was opened, ``False`` if it was already open."""
+        """Raise one alert with ``message`` exactly as written; ``True`` if a new one was opened, ``False``
+        if it was already open."""
         return self.raise_many(code, severity, subject_type, [(subject_id, subject_name)], message, at) == 1
 
     def clear(self, keys: Iterable[str], at: datetime | None = None) -> int:

@@ -16,7 +16,10 @@ an alert at all. So every web process runs an ``OutageTicker`` (started on the k
 3. reads the worker's and beat's stamps (``Installation.worker_seen_at``, ``beat_seen_at``):
    ``WORKER_MISSING`` / ``BEAT_MISSING`` past ``MODELFORGE_WORKER_MISSING_AFTER`` /
    ``MODELFORGE_BEAT_MISSING_AFTER``, silence counted only over time this process was watching (a web
-   process started a minute ago does not judge an hour it did not see); cleared when the stamp is fresh;
+   process started a minute ago does not judge an hour it did not see); cleared when the stamp is fresh.
+   With both present, the stamp of the worker's last completed notification pass
+   (``Installation.notify_passed_at``): ``NOTIFY_STALLED`` past ``notify_stalled_after()``, naming the
+   pass's last recorded crash (a crashing pass cannot deliver the alert about itself);
 4. sends the worker a probe task (three times per limit, at most once a minute, across all web
    processes: claimed in Redis),
    so that the worker's stamp does not depend on beat: with beat gone, the worker is not missing;
@@ -57,6 +60,7 @@ BROKER_UNREACHABLE = codes.BROKER_UNREACHABLE
 DATABASE_UNREACHABLE = codes.DATABASE_UNREACHABLE
 WORKER_MISSING = "WORKER_MISSING"
 BEAT_MISSING = "BEAT_MISSING"
+NOTIFY_STALLED = "NOTIFY_STALLED"
 
 SUBJECT_TYPE = "platform"
 SUBJECTS = {
@@ -64,10 +68,12 @@ SUBJECTS = {
     DATABASE_UNREACHABLE: ("database", "database (PostgreSQL)"),
     WORKER_MISSING: ("worker", "Celery worker"),
     BEAT_MISSING: ("beat", "Celery beat"),
+    NOTIFY_STALLED: ("notify", "alert notifications (alerts.notify)"),
 }
 OUTAGE_CODES = tuple(SUBJECTS)
-# While one of these is open the worker does not deliver notifications (it gets no task), so the web does.
-DELIVERY_AWAY = (BROKER_UNREACHABLE, WORKER_MISSING, BEAT_MISSING)
+# While one of these is open the worker does not deliver notifications (it gets no task, or its pass does not
+# complete), so the web does.
+DELIVERY_AWAY = (BROKER_UNREACHABLE, WORKER_MISSING, BEAT_MISSING, NOTIFY_STALLED)
 
 # One failed check can be a blip (a 2 s timeout under load); two in a row are an outage.
 FAILED_CHECKS_FOR_OUTAGE = 2
@@ -86,6 +92,11 @@ def worker_probe_s() -> int:
 def beat_stamp_s() -> int:
     """How often beat stamps: three times per limit, at most every 15 s."""
     return max(1, min(15, settings.BEAT_MISSING_AFTER // 3))
+
+
+def notify_stalled_after() -> int:
+    """How long the worker may go without completing a notification pass: four rounds, at least 2 min."""
+    return max(120, 4 * settings.NOTIFY_INTERVAL)
 
 
 def _key(code: str) -> str:
@@ -150,6 +161,27 @@ def check_beat(now: datetime, watching_since: datetime) -> str:
     )
 
 
+def check_notify(now: datetime, watching_since: datetime) -> str:
+    """As ``check_worker``, for the worker's notification passes. Judged only while the worker and beat
+    are both seen within their limits and the broker answers: otherwise ``away``, since WORKER_MISSING,
+    BEAT_MISSING or BROKER_UNREACHABLE names the cause (and the web processes deliver meanwhile)."""
+    installation = Installation.objects.current()
+
+    def fresh(seen: datetime | None, limit: int) -> bool:
+        return seen is not None and (now - seen).total_seconds() <= limit
+
+    present = (
+        fresh(installation.worker_seen_at, settings.WORKER_MISSING_AFTER)
+        and fresh(installation.beat_seen_at, settings.BEAT_MISSING_AFTER)
+        and _open(BROKER_UNREACHABLE) is None
+    )
+    if not present and _open(NOTIFY_STALLED) is None:
+        return "away"
+    return _check_stamp(
+        NOTIFY_STALLED, installation.notify_passed_at, "", notify_stalled_after(), now, watching_since
+    )
+
+
 def _check_stamp(
     code: str, seen: datetime | None, host: str, limit: int, now: datetime, watching_since: datetime
 ) -> str:
@@ -189,6 +221,8 @@ def _listening_since() -> datetime | None:
 
 
 def _missing(code: str, seen: datetime | None, now: datetime, watching_since: datetime, limit: int) -> str:
+    if code == NOTIFY_STALLED:
+        return _notify_stalled(seen, now, watching_since, limit)
     if code == WORKER_MISSING:
         silence = (
             f"No Celery worker has run a task since {_when(seen)} ({_seconds(now - seen)} s ago"
@@ -216,7 +250,32 @@ def _missing(code: str, seen: datetime | None, now: datetime, watching_since: da
     )
 
 
+def _notify_stalled(seen: datetime | None, now: datetime, watching_since: datetime, limit: int) -> str:
+    installation = Installation.objects.current()
+    silence = (
+        f"The worker has not completed a pass of alert notifications (alerts.notify) since {_when(seen)} "
+        f"({_seconds(now - seen)} s ago"
+        if seen is not None
+        else "The worker has never completed a pass of alert notifications (alerts.notify) here (watched "
+        f"for {_seconds(now - watching_since)} s"
+    )
+    crashed = installation.notify_crashed_at
+    why = (
+        f"Its last pass crashed at {_when(crashed)} ({installation.notify_crash[:500]})."
+        if crashed is not None and (seen is None or crashed > seen)
+        else "No crash was recorded: look for the task in the worker's log (queued behind others, or hung)."
+    )
+    return (
+        f"{silence}; the limit is {limit} s). {why} Until a pass completes the web processes deliver alert "
+        "notifications themselves; if what stops the worker's pass stops theirs too, nothing is sent and "
+        "the dashboard is where this shows. See TROUBLESHOOTING.md, NOTIFY_STALLED. This clears when the "
+        "worker completes a pass again."
+    )
+
+
 def _back(code: str, host: str, seen: datetime) -> str:
+    if code == NOTIFY_STALLED:
+        return f"Cleared: the worker completed a pass of alert notifications at {_when(seen)}."
     if code == WORKER_MISSING:
         return f"Cleared: a worker on {host or 'an unnamed host'} ran a task at {_when(seen)}."
     return f"Cleared: beat on {host or 'an unnamed host'} ticked again at {_when(seen)}."
@@ -477,6 +536,7 @@ class Watch:
             "broker": self.broker(broker, now),
             "worker": check_worker(now, self.started_at),
             "beat": check_beat(now, self.started_at),
+            "notify": check_notify(now, self.started_at),
         }
         if broker.ok:
             send_worker_probe()

@@ -9,4 +9,4 @@ from apps.alerts import notify
 
 @shared_task(name="alerts.notify")
 def notify_alerts() -> dict[str, int]:
-    return notify.sweep()
+    return notify.worker_pass()

@@ -17,6 +17,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 
 from modelforge import auththrottle
+from modelforge.errors import codes
 from modelforge.http_protocol import ZERO_COPY
 from modelforge.lean import Receive, Send, correlate, drain_unread_body, refuse, request_headers
 
@@ -81,15 +82,15 @@ async def serve(scope: dict[str, Any], receive: Receive, send: Send) -> None:
     size = file_path.stat().st_size
     ranged = RANGE.match(headers.get("range", ""))
     start = int(ranged.group(1)) if ranged else 0
-    if start >= size and size:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 416,
-                "headers": [(b"content-range", f"bytes */{size}".encode())],
-            }
+    if ranged and start >= size:  # an empty file has no byte to start from either (RFC 9110 14.1.1)
+        await refuse(
+            send,
+            416,
+            codes.RANGE_NOT_SATISFIABLE,
+            f"The range starts at byte {start}; the file has {size} bytes.",
+            correlation_id,
+            {"content-range": f"bytes */{size}"},
         )
-        await send({"type": "http.response.body", "body": b""})
         return
     response_headers = [
         (b"content-type", b"application/octet-stream"),

@@ -13,8 +13,9 @@ class InstallationAdmin(admin.ModelAdmin):
         "worker_seen_hostname",
         "beat_seen_at",
         "beat_seen_hostname",
+        "notify_passed_at",
     )
-    readonly_fields = list_display
+    readonly_fields = (*list_display, "notify_crashed_at", "notify_crash")
 
     def has_add_permission(self, request):
         return False

@@ -28,6 +28,11 @@ class Installation(models.Model):
     # stamp would also go stale with the worker or the broker, and BEAT_MISSING would name the wrong one.
     beat_seen_at = models.DateTimeField(null=True, blank=True, editable=False)
     beat_seen_hostname = models.CharField(max_length=255, blank=True, editable=False)
+    # Stamped by each completed pass of the worker's alert notifications (apps.alerts.notify.worker_pass):
+    # the web processes raise NOTIFY_STALLED from it, a path that does not need the pass to work.
+    notify_passed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    notify_crashed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    notify_crash = models.TextField(blank=True, editable=False)
 
     objects = InstallationManager()
 
@@ -57,3 +62,14 @@ class Installation(models.Model):
         self.beat_seen_at = at or timezone.now()
         self.beat_seen_hostname = hostname[:255]
         self.save(update_fields=["beat_seen_at", "beat_seen_hostname"])
+
+    def record_notify_pass(self, at: datetime | None = None) -> None:
+        """The worker completed a pass of alert notifications just now."""
+        self.notify_passed_at = at or timezone.now()
+        self.save(update_fields=["notify_passed_at"])
+
+    def record_notify_crash(self, error: str, at: datetime | None = None) -> None:
+        """A pass of alert notifications crashed with ``error``: named by NOTIFY_STALLED."""
+        self.notify_crashed_at = at or timezone.now()
+        self.notify_crash = error[:2000]
+        self.save(update_fields=["notify_crashed_at", "notify_crash"])

@@ -30,7 +30,6 @@ from apps.embedding_migrations.choices import FINAL_STAGES, RUNNING_STAGES, Stag
 from apps.embedding_migrations.models import ConsumerAlias, Cutover, EmbeddingSpace, VectorStore
 from apps.embedding_migrations.records import (
     SUBJECT,
-    braces,
     lock_cutover,
     move,
     record_event,
@@ -331,11 +330,9 @@ def _interrupt(cutover: Cutover, now: Any, why: str) -> bool:
         SUBJECT,
         str(cutover.pk),
         str(cutover.alias),
-        braces(
-            f"Cutover of {cutover.alias} stopped in {cutover.stage}: {why} It stays there: neither a restart "
-            "nor an upgrade moves it. Review what the store holds (admin: Embedding migrations → Cutovers → "
-            "review) and complete, roll back or retry the stage. See RUNBOOK_MIGRATION_FAILURE.md."
-        ),
+        f"Cutover of {cutover.alias} stopped in {cutover.stage}: {why} It stays there: neither a restart "
+        "nor an upgrade moves it. Review what the store holds (admin: Embedding migrations → Cutovers → "
+        "review) and complete, roll back or retry the stage. See RUNBOOK_MIGRATION_FAILURE.md.",
     )
     return True
 

@@ -76,11 +76,6 @@ def switch_books(cutover: Cutover, capability: Capability, index: str) -> None:
     transaction.on_commit(bump_version)
 
 
-def braces(text: str) -> str:
-    """Alert messages are templates (``{name}``): a backend's JSON in one is escaped."""
-    return text.replace("{", "{{").replace("}", "}}")
-
-
 def store_refusal(exc: AdapterError) -> ApiError:
     status = 503 if exc.code == codes.STORE_UNAVAILABLE else 409
     return ApiError(exc.code, exc.message, status)

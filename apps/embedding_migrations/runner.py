@@ -23,7 +23,7 @@ from apps.embedding_migrations import codes
 from apps.embedding_migrations.adapters.base import AdapterError, Row
 from apps.embedding_migrations.choices import Stage
 from apps.embedding_migrations.models import Cutover
-from apps.embedding_migrations.records import SUBJECT, LostRun, braces, lock_cutover, move, switch_books
+from apps.embedding_migrations.records import SUBJECT, LostRun, lock_cutover, move, switch_books
 from apps.embedding_migrations.spaces import is_vector, norm
 
 logger = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ def _fail(cutover: Cutover, code: str, message: str) -> str:
             SUBJECT,
             str(locked.pk),
             str(locked.alias),
-            f"Cutover of {locked.alias} failed in {stage}: [{code}] {braces(message)} "
+            f"Cutover of {locked.alias} failed in {stage}: [{code}] {message} "
             "The alias still points where the "
             "store says (see the cutover's page); retry the stage or roll back.",
         )

@@ -152,9 +152,19 @@ class Gateway:
             if grant is None:
                 raise Refusal(401, codes.CAPABILITY_NOT_AUTHORIZED, why, UNAUTHORIZED_HEADERS)
             if wanted is not None:
+                # Bound only for other projects: the call would be refused, so the model is too.
+                elsewhere = not_bound_for(table, wanted, grant.project)
+                if elsewhere is not None:  # a binding made a moment ago: as for a call, look again first
+                    table = await router.caught_up(older_than=NO_BACKEND_REBUILD_S)
+                    elsewhere = not_bound_for(table, wanted, grant.project)
+                if elsewhere is not None:
+                    raise Refusal(401, codes.CAPABILITY_NOT_AUTHORIZED, elsewhere, UNAUTHORIZED_HEADERS)
                 answer: dict[str, Any] = model_object(table, wanted)
             else:
-                answer = {"object": "list", "data": [model_object(table, n) for n in sorted(grant.scopes)]}
+                callable_ = [
+                    n for n in sorted(grant.scopes) if not_bound_for(table, n, grant.project) is None
+                ]
+                answer = {"object": "list", "data": [model_object(table, n) for n in callable_]}
             await respond(send, 200, json.dumps(answer).encode(), JSON, correlation_id)
             return 200
         if path not in FORWARDED:

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 from uuid import UUID
 
 import msgspec
 from django.db import connection
 
 from apps.alerts.models import Alert
-from apps.nodes import codes
+from apps.nodes import agent_url, codes
 from apps.nodes.choices import EventKind, Liveness
 from apps.nodes.models import GPU, ListeningClock, Node, NodeEvent, digest, liveness_now_sql
 from modelforge.jsonbounds import json_has_nul, nul_message
@@ -162,10 +161,10 @@ def _cross_field_problems(report: HeartbeatReport) -> Any:
         if server.server_id in servers:
             yield f"servers: server {server.server_id} is reported twice - at `$.servers[{position}]`"
         servers.add(server.server_id)
-    if report.agent_url:
-        parts = urlsplit(report.agent_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            yield "agent_url: not an http(s) URL - at `$.agent_url`"
+    if report.agent_url:  # empty: the node's URL stays as it is
+        why = agent_url.refusal(report.agent_url)  # enrollment's rule
+        if why is not None:
+            yield f"agent_url: {why} - at `$.agent_url`"
 
 
 # Table and column names are ours; the batch is the one parameter. A batch is the heartbeats one web process

@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.alerts.choices import Severity
-from apps.alerts.models import Alert, dedup_key_for
+from apps.alerts.models import Alert, AroundName, dedup_key_for
 from apps.nodes import codes, listening, signals
 from apps.nodes.choices import EventKind, Liveness
 from apps.nodes.models import ListeningClock, Node, NodeEvent, liveness_now_sql
@@ -304,8 +304,11 @@ def sweep(now: datetime | None = None) -> SweepResult:
             Severity.CRITICAL,
             result.offline,
             alive,
-            f"Node {{name}} is offline: no heartbeat for more than {settings.NODE_OFFLINE_AFTER} s. "
-            "Is the agent running and able to reach the control plane?",
+            AroundName(
+                "Node ",
+                f" is offline: no heartbeat for more than {settings.NODE_OFFLINE_AFTER} s. "
+                "Is the agent running and able to reach the control plane?",
+            ),
             f"went offline at once: no heartbeat for more than {settings.NODE_OFFLINE_AFTER} s. Their "
             "servers were failed with NODE_OFFLINE. Is the network between them and the control plane up?",
             now,
@@ -315,8 +318,11 @@ def sweep(now: datetime | None = None) -> SweepResult:
             Severity.WARNING,
             result.stale,
             alive,
-            f"Node {{name}} is stale: no heartbeat for more than {settings.NODE_STALE_AFTER} s. "
-            "Nothing new is assigned to it until it reports again.",
+            AroundName(
+                "Node ",
+                f" is stale: no heartbeat for more than {settings.NODE_STALE_AFTER} s. "
+                "Nothing new is assigned to it until it reports again.",
+            ),
             f"went stale at once: no heartbeat for more than {settings.NODE_STALE_AFTER} s. Nothing new is "
             "assigned to them until they report again.",
             now,
@@ -357,7 +363,7 @@ def _raise(
     severity: str,
     moved: list[tuple[str, str]],
     alive: int,
-    per_node: str,
+    per_node: AroundName,
     fleet: str,
     now: datetime,
 ) -> None:

@@ -17,7 +17,8 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from apps.alerts import notify
-from apps.alerts.models import Alert, Notification, NotificationChannel
+from apps.alerts.models import Alert, AroundName, Notification, NotificationChannel
+from apps.core.models import Installation
 from tests.fixtures import free_port, wait_until
 
 pytestmark = pytest.mark.django_db
@@ -63,7 +64,11 @@ def channel(**fields) -> NotificationChannel:
 
 def raise_nodes(count: int, code: str = "NODE_OFFLINE", severity: str = "critical") -> None:
     Alert.objects.raise_many(
-        code, severity, "node", [(str(i), f"gpu-{i}") for i in range(count)], "Node {name} is offline."
+        code,
+        severity,
+        "node",
+        [(str(i), f"gpu-{i}") for i in range(count)],
+        AroundName("Node ", " is offline."),
     )
 
 
@@ -200,6 +205,19 @@ def test_an_email_channel_sends_one_message_per_batch_through_smtp(smtp_server):
     assert text.count("NODE_OFFLINE on node gpu-") == 3
 
 
+def test_an_email_carries_names_and_messages_as_text(smtp_server):
+    # A name is data: a line break in it is not a header of its own, braces are not a template.
+    channel(kind="email", target="ops@example.com")
+    Alert.objects.raise_alert(
+        "NODE_OFFLINE", "critical", "node", "1", "gpu{0}\nBcc: x@example.com", "gpu {name} is %s offline."
+    )
+    notify.sweep()
+    text = smtp_server[0].content.decode()
+    assert "Subject: [ModelForge] NODE_OFFLINE raised: gpu{0} Bcc: x@example.com" in text
+    assert "\nBcc:" not in text.split("\r\n\r\n")[0] and smtp_server[0].rcpt_tos == ["ops@example.com"]
+    assert "gpu {name} is %s offline." in text
+
+
 def test_an_email_channel_without_smtp_settings_fails_by_name(settings):
     settings.EMAIL_URL = None
     channel(kind="email", target="ops@example.com")
@@ -295,3 +313,5 @@ def test_the_worker_delivers_on_the_beat_task(celery_worker_process, receiver):
     assert wait_until(lambda: len(events(state)) == 2, 30), celery_worker_process.log()[-2000:]
     assert sorted(e["subject_name"] for e in events(state)) == ["gpu-0", "gpu-1"]
     assert set(Notification.objects.values_list("state", flat=True)) == {"sent"}
+    # Each completed pass stamps the installation: what NOTIFY_STALLED is raised from.
+    assert wait_until(lambda: Installation.objects.current().notify_passed_at is not None, 30)

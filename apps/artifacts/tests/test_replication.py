@@ -197,5 +197,23 @@ def test_the_store_serves_a_node_whole_files_and_ranges_through_the_web_worker(l
     tail = httpx.get(url, headers={**auth, "Range": "bytes=1048577-"})
     assert tail.status_code == 206 and tail.content == data[1048577:]
     assert tail.headers["content-range"] == f"bytes 1048577-{len(data) - 1}/{len(data)}"
-    beyond = httpx.get(url, headers={**auth, "Range": f"bytes={len(data)}-"})
+    beyond = httpx.get(
+        url, headers={**auth, "Range": f"bytes={len(data)}-", "X-Correlation-ID": "range-past-the-end"}
+    )
     assert beyond.status_code == 416 and beyond.headers["content-range"] == f"bytes */{len(data)}"
+    # Issue 47: the 416 was an empty body without a correlation id; every error is the envelope.
+    assert beyond.headers["content-type"] == "application/json"
+    assert beyond.headers["x-correlation-id"] == "range-past-the-end"
+    assert beyond.json() == {
+        "code": "RANGE_NOT_SATISFIABLE",
+        "message": f"The range starts at byte {len(data)}; the file has {len(data)} bytes.",
+        "correlation_id": "range-past-the-end",
+    }
+    # An empty file has no byte to start from: a 416 too (it was a 206 with a Content-Length of -1).
+    empty = ready("empty", {"e.safetensors": b"", "w.safetensors": b"x"})
+    nothing = httpx.get(
+        f"{live_web.url}/api/v1/agent/artifacts/{empty.pk}/files/e.safetensors",
+        headers={**auth, "Range": "bytes=1-"},
+    )
+    assert nothing.status_code == 416 and nothing.json()["code"] == "RANGE_NOT_SATISFIABLE"
+    assert nothing.headers["content-range"] == "bytes */0"

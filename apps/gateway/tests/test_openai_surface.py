@@ -60,6 +60,36 @@ def test_models_are_listed_and_retrieved_for_the_credential_s_scopes_only(live_w
     assert answer.status_code == 405 and answer.json()["code"] == "METHOD_NOT_ALLOWED"
 
 
+def test_a_model_bound_only_for_another_project_is_refused_as_a_call_to_it_is(live_web, echo):
+    # Regression (issue 47): models.retrieve answered 200 for a capability bound only for another project,
+    # while a call to it was 401; the list named it too.
+    server = running_server(loopback_node(), "echo-a", echo)
+    bind("rag.private@1", server=server, project="team-a")
+    bind("rag.open@1", server=server)
+    scopes = ["rag.private@1", "rag.open@1"]
+    team_a = credential(scopes, project="team-a")
+    team_b = credential(scopes, project="team-b")
+    no_project = credential(scopes)
+    assert [m.id for m in sdk(live_web, team_a).models.list().data] == ["rag.open@1", "rag.private@1"]
+    assert sdk(live_web, team_a).models.retrieve("rag.private@1").id == "rag.private@1"
+    for key, project in ((team_b, "project 'team-b'"), (no_project, "no project")):
+        client = sdk(live_web, key)
+        with pytest.raises(openai.AuthenticationError) as retrieved:
+            client.models.retrieve("rag.private@1")
+        with pytest.raises(openai.AuthenticationError) as called:
+            client.embeddings.create(model="rag.private@1", input="x")
+        answers = [retrieved.value.response, called.value.response]
+        assert {a.status_code for a in answers} == {401}
+        assert {a.headers["www-authenticate"] for a in answers} == {'Bearer realm="modelforge-gateway"'}
+        bodies = [a.json() for a in answers]
+        assert {b["code"] for b in bodies} == {"CAPABILITY_NOT_AUTHORIZED"}
+        assert bodies[0]["message"] == bodies[1]["message"] and project in bodies[0]["message"]
+        # What the credential can call is what it is shown.
+        assert [m.id for m in client.models.list().data] == ["rag.open@1"]
+        assert client.models.retrieve("rag.open@1").id == "rag.open@1"
+        assert client.embeddings.create(model="rag.open@1", input="x").model == "rag.open@1"
+
+
 def test_every_answer_names_the_capability_not_the_backend_s_model(live_web, echo):
     server = running_server(loopback_node(), "echo-a", echo)
     bind("chat.echo@1", server=server)

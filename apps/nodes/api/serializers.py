@@ -2,12 +2,11 @@ from __future__ import annotations
 
 import re
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
-import httpx
 from django.core.validators import RegexValidator
 from rest_framework import serializers
 
+from apps.nodes.agent_url import AGENT_URL, message
 from apps.nodes.choices import Accelerator, Liveness
 from apps.nodes.models import GPU, EnrollmentToken, ListeningClock, Node, NodeEvent, events_of
 from modelforge.validators import PrintableText
@@ -15,38 +14,16 @@ from modelforge.validators import PrintableText
 NODE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 
 
-def http_url(value: str) -> None:
-    """An http(s) URL naming a host; dotless host names are allowed."""
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018 -- raises ValueError on a port that is not a number
-    except ValueError:
-        raise serializers.ValidationError("Enter an http(s) URL such as http://gpu-01:8471.") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise serializers.ValidationError("Enter an http(s) URL such as http://gpu-01:8471.")
-    try:
-        httpx.URL(value)  # what the control plane calls the agent with: a host that is not a valid IDNA name
-    except httpx.InvalidURL:  # was a 500 at the first call to the agent
-        raise serializers.ValidationError("Enter an http(s) URL such as http://gpu-01:8471.") from None
+class AgentUrl(RegexValidator):
+    """The agent's URL (apps.nodes.agent_url): its pattern is the whole rule, and the OpenAPI schema states
+    it; a URL it refuses is told what is wrong with it."""
 
-
-# Characters no name or URL may hold (modelforge.validators), as a regular-expression class body.
-_UNPRINTABLE = r"\u0000-\u001f\u007f-\u009f\u2028\u2029\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
-
-
-class HttpUrl(RegexValidator):
-    """``http_url`` as a validator whose pattern the OpenAPI schema states: http(s), an ASCII host, a port
-    that is a number. The check itself stays ``http_url`` (the pattern describes it; it admits a little
-    more: hosts in other scripts, IPv6)."""
-
-    regex = re.compile(
-        rf"^[hH][tT][tT][pP][sS]?://([^/?#@\[\]{_UNPRINTABLE}]*@)?[A-Za-z0-9._~%!$&'()*+,;=-]+"
-        r"(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4})?)?"
-        rf"([/?#][^{_UNPRINTABLE}]*)?$"
-    )
+    regex = re.compile(AGENT_URL)
 
     def __call__(self, value: Any) -> None:
-        http_url(value)
+        refused = message(str(value))
+        if refused is not None:
+            raise serializers.ValidationError(refused)
 
 
 class StrictSerializer(PrintableText):
@@ -76,7 +53,8 @@ class EnrollRequestSerializer(StrictSerializer):
     accelerator = serializers.ChoiceField(choices=Accelerator.choices)
     agent_version = serializers.CharField(max_length=32)
     # Not URLField: a container's host name (no dot) is a perfectly good address for the control plane.
-    agent_url = serializers.CharField(max_length=255, validators=[HttpUrl()])
+    # Not trimmed: the pattern the schema states refuses a space anywhere, and so does the answer.
+    agent_url = serializers.CharField(max_length=255, trim_whitespace=False, validators=[AgentUrl()])
 
 
 class PingSerializer(serializers.Serializer):

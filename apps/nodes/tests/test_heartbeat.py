@@ -91,6 +91,10 @@ def test_a_gpu_no_longer_reported_is_dropped(post):
         (lambda r: r.update(models_present=[{"name": "x", "kind": "pickle"}]), "$.models_present[0].kind"),
         (lambda r: r.update(agent_version="v" * 200), "$.agent_version"),
         (lambda r: r.update(agent_url="ftp://x"), "agent_url"),
+        # Issue 47: the same rule as enrollment's (apps/nodes/agent_url.py); these three were taken.
+        (lambda r: r.update(agent_url="https://x y:80"), "agent_url: it contains a space"),
+        (lambda r: r.update(agent_url="http://h"), "agent_url: it names no port"),
+        (lambda r: r.update(agent_url="http://a:0"), "agent_url: the port must be 1 to 65535"),
         (lambda r: r.update(accelerator="cpu"), "a cpu node reports no GPUs"),
         (lambda r: r.update(surprise=1), "unknown field `surprise`"),
         (lambda r: r["gpus"][0].update(extra="x"), "unknown field `extra`"),

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import csv
 import io
 from datetime import timedelta
 from typing import Any
@@ -18,6 +17,7 @@ from rest_framework.views import APIView
 from apps.nodes.models import Node
 from apps.observability import codes, sampling, usage
 from apps.observability.models import HostSample, TelemetrySample, TrafficSample
+from modelforge.csvexport import write_table
 from modelforge.errors import ApiError
 from modelforge.openapi import NOT_BLANK
 
@@ -151,16 +151,13 @@ class UsageCSVRenderer(BaseRenderer):
     def render(
         self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None
     ) -> bytes:
+        # Names are operator text: written formula-safe (modelforge.csvexport), as every CSV export is.
         out = io.StringIO()
         if isinstance(data, dict) and "rows" in data:
-            writer = csv.DictWriter(out, fieldnames=list(usage.COLUMNS), extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(data["rows"])
+            write_table(out, usage.COLUMNS, data["rows"])
         else:  # a refusal: the envelope's fields as one row
-            items = list((data or {}).items()) if isinstance(data, dict) else [("message", str(data))]
-            plain = csv.writer(out)
-            plain.writerow([k for k, _ in items])
-            plain.writerow([v for _, v in items])
+            items = dict(data) if isinstance(data, dict) else {"message": str(data)}
+            write_table(out, list(items), [items])
         return out.getvalue().encode()
 
 
