@@ -213,17 +213,18 @@ class LiveWeb:
 def start_web(log_path: Path, **overrides: str) -> LiveWeb:
     """Another web process (gunicorn, one worker) on a free port of its own, on the test database and
     Redis, quiet about a missing worker and beat and without listening stamps (as ``live_web``);
-    ``overrides`` are further settings. Answering /healthz when returned; ``.process.stop()`` it."""
+    ``overrides`` are further settings, or other values of these. Answering /healthz when returned;
+    ``.process.stop()`` it."""
     port = free_port()
-    env = process_env(
-        MODELFORGE_DATABASE_URL=database_url(),
-        MODELFORGE_BIND=f"127.0.0.1:{port}",
-        MODELFORGE_WEB_WORKERS="1",
-        MODELFORGE_WORKER_MISSING_AFTER="86400",
-        MODELFORGE_BEAT_MISSING_AFTER="86400",
-        MODELFORGE_LISTENING_STAMPS="false",
-        **overrides,
-    )
+    defaults = {
+        "MODELFORGE_DATABASE_URL": database_url(),
+        "MODELFORGE_BIND": f"127.0.0.1:{port}",
+        "MODELFORGE_WEB_WORKERS": "1",
+        "MODELFORGE_WORKER_MISSING_AFTER": "86400",
+        "MODELFORGE_BEAT_MISSING_AFTER": "86400",
+        "MODELFORGE_LISTENING_STAMPS": "false",
+    }
+    env = process_env(**(defaults | overrides))
     running = start_process(
         [PYTHON, "-m", "gunicorn", "-c", "python:modelforge.gunicorn_conf", "modelforge.asgi:application"],
         env,
@@ -440,5 +441,16 @@ def clear_usage() -> None:
 
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     keys = list(client.scan_iter("modelforge:usage:*"))
+    if keys:
+        client.delete(*keys)
+
+
+def clear_limit_counts() -> None:
+    """Forget every credential's limit windows and token totals: a new test database numbers its
+    credentials from 1 again, and an earlier run may have left the same credential's counts in Redis."""
+    import redis
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    keys = list(client.scan_iter("modelforge:limit:*"))
     if keys:
         client.delete(*keys)

@@ -215,10 +215,12 @@ class Gateway:
                 raise Refusal(429, exc.code, exc.message, {"retry-after": str(exc.retry_after_s)}) from None
         if getattr(shape, "stream", None):
             call.streamed = True
-            if shape.stream_options is None:  # type: ignore[union-attr]
-                # Tokens are counted from the engine's usage, which a stream reports only when asked: ask,
-                # and take the usage chunk out of what this client, who did not ask, receives.
-                body, call.strip_usage = asking_for_usage(body), True
+            # Tokens are counted from the engine's usage, which a stream reports only when asked: ask,
+            # whatever the client said of it (`{}`, `"include_usage": false`), and take the usage chunk
+            # out of what a client that did not ask receives. Streams only: an answer carries its usage.
+            asking = asking_for_usage(body, shape.stream_options)  # type: ignore[union-attr]
+            if asking is not None:
+                body, call.strip_usage = asking, True
         backends, algorithm, _cluster = router.candidates_in(table, capability, grant.project)
         if not backends:
             # A server that started running a moment ago, a tier bound a moment ago: as for the credential.

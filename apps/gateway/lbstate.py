@@ -33,10 +33,9 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from apps.gateway.engines import ENGINE_SIGNALS_KEY, decode_read, fresh_signals
-from apps.gateway.limits import add_tokens
 from apps.gateway.probe import PROBES_KEEP_S, PROBES_KEY, Prober
 from apps.gateway.resp import LeanRedis, RespError
-from apps.gateway.usage import TOTALS_KEY, USAGE_KEEP_S, USAGE_KEY, Meter, tokens_per_credential
+from apps.gateway.usage import Meter, Outbox
 
 logger = logging.getLogger("modelforge.gateway")
 
@@ -97,6 +96,7 @@ class SharedState:
         self._errors: Counter[str] = Counter()
         self._busy: Counter[str] = Counter()
         self.usage = Meter()
+        self.outbox = Outbox()  # the usage taken from ``usage``, until Redis has it
         self._local_fails: Counter[str] = Counter()
         self._benching: set[str] = set()  # being benched by this process (between its awaits)
         self._local_history: dict[str, list[float]] = {}
@@ -308,7 +308,7 @@ class SharedState:
         bucket = int(now // TRAFFIC_BUCKET_S)
         traffic, errors, busy = self._traffic, self._errors, self._busy
         self._traffic, self._errors, self._busy = Counter(), Counter(), Counter()
-        used, totals = self.usage.take()
+        self.outbox.add(*self.usage.take())
         for key, count in traffic.items():
             self._answered_flushed[key] += count - errors.get(key, 0)
         hits, routed = self._affinity_hits, self._affinity_routed
@@ -316,17 +316,20 @@ class SharedState:
         verdicts, stale_probes = self.probes.exported(), self._stale_probes
         self._stale_probes = []
         try:
+            if self.outbox.batches and self._lean is not None and self._lean.ready() is None:
+                # Connected first: a batch is marked as written only once it could have been.
+                await self._lean.connection()
+            if self.outbox.retrying:
+                # Usage sent before got no answer (Redis frozen, a cut connection): sent again only once
+                # Redis answers, so that a frozen Redis is not handed one more copy a second.
+                async with self._pipeline() as ping:
+                    ping.ping()
+                    await ping.execute()
             async with self._pipeline() as pipe:
-                for field, count in totals.items():  # /metrics: since the first flush
-                    pipe.hincrby(TOTALS_KEY, field, count)
-                if used:  # usage per credential (apps/gateway/usage.py), this minute's hash
-                    usage_key = USAGE_KEY.format(bucket=bucket)
-                    for field, count in used.items():
-                        pipe.hincrby(usage_key, field, count)
-                    pipe.expire(usage_key, USAGE_KEEP_S)
-                    # Tokens against each credential's minute, day and month (apps/gateway/limits.py).
-                    for credential, tokens in tokens_per_credential(used).items():
-                        add_tokens(pipe, credential, tokens, now)
+                # Usage per credential (this minute's hash), /metrics' totals, and tokens against each
+                # credential's minute, day and month (apps/gateway/limits.py): once each, however often
+                # sent (apps/gateway/usage.py's Outbox).
+                self.outbox.write(pipe, bucket, now)
                 for key, count in traffic.items():
                     pipe.hincrby(TRAFFIC_KEY.format(bucket=bucket), key, count)
                 for key, count in errors.items():
@@ -394,9 +397,10 @@ class SharedState:
             self._affinity_hits.update(hits)  # kept for the next flush, as usage is
             self._affinity_routed.update(routed)
             self._queued_written = True  # written again once Redis answers
-            self.usage.put_back(used, totals)  # usage is kept until Redis takes it (traffic shares are not)
+            # (Usage stays in the outbox until Redis has answered for it; traffic shares are not kept.)
             self.probes.alone()
             return
+        self.outbox.sent()
         self._stale_probes = self.probes.take_shared(results[-1])
         benched: dict[str, Bench] = {}
         for raw_key, raw in (results[-2] or {}).items():
@@ -558,6 +562,16 @@ def read_bench_and_traffic(minutes: int = 5) -> tuple[dict[str, Bench], Counter[
 
 
 shared = SharedState()
+
+
+def _named_after_fork() -> None:
+    # gunicorn forks its web workers from a master that imported this module: each names itself by its own
+    # pid, or every worker wrote its in-flight counts under the master's name and took none of the others'.
+    shared.process_id = f"{socket.gethostname()}:{os.getpid()}"
+    shared.outbox = Outbox()
+
+
+os.register_at_fork(after_in_child=_named_after_fork)
 
 
 def clear_settled_churn() -> int:

@@ -20,7 +20,10 @@ admitted ahead, counted in Redis from the grant, handed out by this process with
 A refusal is ``429`` with ``Retry-After``: ``RATE_LIMITED`` for the per-minute and concurrency limits,
 ``BUDGET_EXHAUSTED`` for the day and month budgets. With Redis unreachable, limits cannot be checked
 and calls are admitted (logged once per outage): a limit is a control on cost and fairness, and a Redis
-blip must not become an outage of every limited credential.
+blip must not become an outage of every limited credential. Unreachable is no connection to be made, or
+no reply within ``resp.TIMEOUT_S``; a process not connected yet connects first, a connection that ended
+under a call (a restart) is made again for it, and a Redis that lost the script gets it loaded: each
+checks the call rather than admitting it unchecked.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import redis.asyncio as aioredis
 
 from apps.clusters import codes
 from apps.clusters.limits import IN_FLIGHT_TTL_S, KEY, keys
-from apps.gateway.resp import LeanRedis, RespError
+from apps.gateway.resp import LeanRedis, RespConnectionLost, RespError
 
 logger = logging.getLogger("modelforge.gateway")
 
@@ -289,7 +292,23 @@ def seconds_to_boundaries(now: float) -> tuple[int, int, int]:
 
 # A call's id (a member of the credential's sorted sets): this process's random prefix and a counter,
 # unique across processes without a system call (uuid4 reads the kernel's random source every time).
-_CALL_PREFIX = f"{os.getpid():x}.{secrets.token_hex(6)}."
+def _call_prefix() -> str:
+    return f"{os.getpid():x}.{secrets.token_hex(6)}."
+
+
+_CALL_PREFIX = _call_prefix()
+
+
+def _new_call_prefix() -> None:
+    # gunicorn's master imports this module (Django's set-up, for the start-up checks) and forks every web
+    # worker from it: a prefix drawn at import was every worker's, so two workers' first calls had the same
+    # ids, one ZADD replaced the other's entry, and a credential's first calls after a start went past its
+    # limits (issue 47: 5 of 8 admitted at 3 a minute, two workers). Each process draws its own.
+    global _CALL_PREFIX
+    _CALL_PREFIX = _call_prefix()
+
+
+os.register_at_fork(after_in_child=_new_call_prefix)
 
 
 # Calls of one credential admitted in one turn of the event loop go in one script call, up to this many.
@@ -478,6 +497,10 @@ class Limiter:
         batch.calls.append(call)
         try:
             answer = await batch.waiter
+        except RespConnectionLost:
+            if index == 0:  # tried again (``admit``): the slots and credit it gave back go with it
+                self._requeue(credential, batch)
+            raise
         finally:
             credit = self._credit.get(key)
             if index == 0 and credit is not None and credit.asking is batch:
@@ -485,10 +508,8 @@ class Limiter:
         if isinstance(answer, RespError) and str(answer).startswith("NOSCRIPT"):
             # Redis lost its scripts (a restart): this call alone, the script loaded first; the slots the
             # batch was to give back go with the first call's.
-            if index == 0 and batch.released:
-                self._released.setdefault(credential, []).extend(batch.released)
-            if index == 0 and batch.unused:
-                self._unused.setdefault(credential, []).extend(batch.unused)
+            if index == 0:
+                self._requeue(credential, batch)
             return await lean.run_script(self._evalsha(credential, limits, time.time(), [call]), ADMIT)
         if isinstance(answer, RespError):
             raise answer
@@ -497,6 +518,13 @@ class Limiter:
                 self._granted(key, batch, int(answer[1]))
             return answer
         return answer[3 * index : 3 * index + 3]
+
+    def _requeue(self, credential: str, batch: _Batch) -> None:
+        """The slots and credit a batch was to give back, for the credential's next script call."""
+        if batch.released:
+            self._released.setdefault(credential, []).extend(batch.released)
+        if batch.unused:
+            self._unused.setdefault(credential, []).extend(batch.unused)
 
     def _granted(self, key: tuple[str, Limits], batch: _Batch, granted: int) -> None:
         """Credit came with ``batch``'s answer: ``granted`` calls admitted ahead, handed out by ``admit``
@@ -554,7 +582,14 @@ class Limiter:
                     unused, credit.ids = credit.ids, []
                     self._give_back(credential, unused)
                 call = _CALL_PREFIX + str(next(self._calls))
-                answer = await self._admit_lean(lean, credential, limits, call)
+                try:
+                    answer = await self._admit_lean(lean, credential, limits, call)
+                except RespConnectionLost:
+                    # The connection ended under the call (Redis restarted a moment ago): a new one is
+                    # made and the call checked on it; only when that fails too is Redis unreachable.
+                    # (The same id: a call that Redis counted before the connection ended is not counted
+                    # twice.)
+                    answer = await self._admit_lean(lean, credential, limits, call)
             else:
                 call = _CALL_PREFIX + str(next(self._calls))
                 now = time.time()
@@ -653,13 +688,6 @@ def _argv(limits: Limits, now: float, call: str) -> list[Any]:
         0,
         call,
     ]
-
-
-def add_tokens(pipe: object, credential: str, tokens: int, now: float) -> None:
-    """Count ``tokens`` against the credential's minute, day and month (the flush's pipeline)."""
-    for key, ttl in zip(keys(credential, now)[2:], (120, 2 * 86400, 32 * 86400), strict=True):
-        pipe.incrby(key, tokens)  # type: ignore[attr-defined]
-        pipe.expire(key, ttl)  # type: ignore[attr-defined]
 
 
 limiter = Limiter()

@@ -29,6 +29,11 @@ class RespUnavailable(ConnectionError):
     """No answer: not connected, the connection was lost, or the reply did not come in time."""
 
 
+class RespConnectionLost(RespUnavailable):
+    """The connection ended under the command (Redis restarted, the connection was cut): a new
+    connection may well answer, unlike a reply that did not come in time."""
+
+
 def encode(*parts: bytes | str | int) -> bytes:
     out = [b"*%d\r\n" % len(parts)]
     for part in parts:
@@ -186,7 +191,7 @@ class _Protocol(asyncio.Protocol):
             self.buffer += buffer[at:]
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._fail(RespUnavailable(f"connection lost ({exc})" if exc else "connection closed"))
+        self._fail(RespConnectionLost(f"connection lost ({exc})" if exc else "connection closed"))
 
     def _fail(self, error: Exception) -> None:
         self.lost = True
@@ -342,6 +347,12 @@ class Pipeline:
     def _add(self, shape: Callable[[Any], Any] | None, *parts: bytes | str | int | float) -> None:
         self.commands.append(encode(*(repr(p) if isinstance(p, float) else p for p in parts)))
         self.shapes.append(shape)
+
+    def ping(self) -> None:
+        self._add(None, "PING")
+
+    def eval(self, script: str, numkeys: int, *keys_and_args: Any) -> None:
+        self._add(None, "EVAL", script, numkeys, *keys_and_args)
 
     def hincrby(self, name: str, key: str | bytes, amount: int = 1) -> None:
         self._add(None, "HINCRBY", name, key, amount)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import Meta, Struct
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 from modelforge.jsonbounds import MAX_JSON_DEPTH
 
@@ -76,7 +76,7 @@ class ChatCompletion(Struct):
     presence_penalty: _Penalty | None = None
     frequency_penalty: _Penalty | None = None
     stream: bool | None = None
-    stream_options: _StreamOptions | None = None
+    stream_options: _StreamOptions | UnsetType | None = UNSET  # left out, or null (apps/gateway/usage.py)
     stop: _Stop | None = None
     seed: _Seed | None = None
     logprobs: bool | None = None
@@ -98,7 +98,7 @@ class Completion(Struct):
     presence_penalty: _Penalty | None = None
     frequency_penalty: _Penalty | None = None
     stream: bool | None = None
-    stream_options: _StreamOptions | None = None
+    stream_options: _StreamOptions | UnsetType | None = UNSET  # left out, or null (apps/gateway/usage.py)
     stop: _Stop | None = None
     seed: _Seed | None = None
     echo: bool | None = None

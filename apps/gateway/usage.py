@@ -3,22 +3,36 @@ and total time, counted in memory per web process and written without a database
 
 1. Each answer adds to this process's ``Meter`` (a few counter increments, no I/O).
 2. Once a second the load balancer's flush (apps/gateway/lbstate.py) adds the counts to this minute's
-   Redis hash (``USAGE_KEY``) in the same round trip as its own; Redis away, they are kept and added later.
+   Redis hash (``USAGE_KEY``) and the credentials' token totals (apps/gateway/limits.py) in the same round
+   trip as its own, one script call per batch (``Outbox``). Redis away, they are kept and sent again; a
+   batch is applied once however often it is sent (a frozen Redis runs the sends it holds when it
+   resumes, and the send after it would count them again).
 3. The sampling task (apps/observability/sampling.py) rolls each complete minute up into
    ``UsageSample`` rows on the observability alias. Losing that store never blocks serving
    (``OBSERVABILITY_DEGRADED``); Redis keeps the minutes for a day, so a store back within it loses none.
 
 Tokens are the engine's own ``usage``. A stream reports it only when asked: the gateway asks
-(``stream_options.include_usage``) when the client did not, and takes the usage chunk out of the stream
-it passes on. An engine that reports no usage is counted in ``unmetered``, never guessed.
+(``stream_options.include_usage``) whatever the client said (left out, ``null``, ``{}``, ``false``), keeps
+the client's other options, and takes the usage-only chunk out of the stream it passes on unless the
+client asked for it. So every stream a token limit or budget meters is counted. An engine that reports
+no usage (one that ignores ``stream_options``) is counted in ``unmetered``, never guessed.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+import os
+import secrets
 from collections import Counter
+from dataclasses import dataclass
+from dataclasses import field as default
 from typing import Any
+
+import msgspec
+from msgspec import UNSET
+
+from apps.clusters.limits import keys as limit_keys
 
 USAGE_KEY = "modelforge:usage:{bucket}"  # hash "<credential>␟<project>␟<capability>␟<backend>␟<metric>" -> n
 USAGE_ROLLED_KEY = "modelforge:usage:rolled"  # the last minute (bucket) rolled up into the store
@@ -159,10 +173,104 @@ class Meter:
         totals, self._totals = self._totals, Counter()
         return counts, totals
 
-    def put_back(self, counts: Counter[str], totals: Counter[str]) -> None:
-        """Counts a flush could not write (Redis away): kept for the next one."""
-        self._counts.update(counts)
-        self._totals.update(totals)
+
+# One batch of usage, applied at most once: KEYS the process's guard, this minute's hash, the totals' hash,
+# then three token keys (minute, day, month) per credential; ARGV the batch's number, the time the usage is
+# kept, the number of usage fields and of totals fields, those fields and counts, then the tokens per
+# credential. The guard holds the highest batch number applied: a process sends its unsent batches in
+# order, every one of them each time, so a number at or below it was applied (by this send on another
+# connection, or by one that a frozen Redis held and ran later).
+APPLY_USAGE = """
+local seq = tonumber(ARGV[1])
+if seq <= tonumber(redis.call('GET', KEYS[1]) or '0') then
+  return 0
+end
+redis.call('SET', KEYS[1], seq, 'EX', ARGV[2])
+local n, m, at = tonumber(ARGV[3]), tonumber(ARGV[4]), 5
+for i = 1, n do
+  redis.call('HINCRBY', KEYS[2], ARGV[at], ARGV[at + 1])
+  at = at + 2
+end
+if n > 0 then
+  redis.call('EXPIRE', KEYS[2], ARGV[2])
+end
+for i = 1, m do
+  redis.call('HINCRBY', KEYS[3], ARGV[at], ARGV[at + 1])
+  at = at + 2
+end
+local ttls = {120, 172800, 2764800}
+for k = 4, #KEYS, 3 do
+  for j = 0, 2 do
+    redis.call('INCRBY', KEYS[k + j], ARGV[at])
+    redis.call('EXPIRE', KEYS[k + j], ttls[j + 1])
+  end
+  at = at + 1
+end
+return 1
+"""
+APPLIED_KEY = "modelforge:usage:applied:{process}"
+
+
+@dataclass
+class _Batch:
+    seq: int
+    counts: Counter[str]
+    totals: Counter[str]
+    written: bool = False  # sent on a connection at least once: Redis may hold it and run it later
+
+
+@dataclass
+class Outbox:
+    """This process's usage on its way to Redis, in numbered batches (``APPLY_USAGE``): a batch leaves
+    once Redis has answered for it. Counts taken while the last batch was never written join it, so a
+    Redis that refuses connections leaves one batch, not one a second."""
+
+    guard: str = default(
+        default_factory=lambda: APPLIED_KEY.format(process=f"{os.getpid():x}.{secrets.token_hex(6)}")
+    )
+    batches: list[_Batch] = default(default_factory=list)
+    _seq: int = 0
+
+    def add(self, counts: Counter[str], totals: Counter[str]) -> None:
+        if not counts and not totals:
+            return
+        if self.batches and not self.batches[-1].written:
+            self.batches[-1].counts.update(counts)
+            self.batches[-1].totals.update(totals)
+            return
+        self._seq += 1
+        self.batches.append(_Batch(self._seq, counts, totals))
+
+    @property
+    def retrying(self) -> bool:
+        """A batch was written and not answered for: the next send waits for Redis to answer first."""
+        return any(batch.written for batch in self.batches)
+
+    def write(self, pipe: Any, bucket: int, now: float) -> None:
+        """Every batch, in order, as one script call each on ``pipe`` (a lean or a redis-py pipeline)."""
+        usage_key = USAGE_KEY.format(bucket=bucket)
+        for batch in self.batches:
+            tokens = tokens_per_credential(batch.counts)
+            script_keys = [self.guard, usage_key, TOTALS_KEY]
+            for credential in tokens:
+                script_keys += limit_keys(credential, now)[2:]
+            args: list[Any] = [batch.seq, USAGE_KEEP_S, len(batch.counts), len(batch.totals)]
+            for counts in (batch.counts, batch.totals):
+                for name, count in counts.items():
+                    args += (name, count)
+            args += tokens.values()
+            pipe.eval(APPLY_USAGE, len(script_keys), *script_keys, *args)
+            batch.written = True
+
+    def sent(self) -> None:
+        self.batches.clear()
+
+    def pending(self) -> Counter[str]:
+        """The usage counts not in Redis yet (the tests read them)."""
+        counts: Counter[str] = Counter()
+        for batch in self.batches:
+            counts.update(batch.counts)
+        return counts
 
 
 def tokens_per_credential(counts: Counter[str]) -> Counter[str]:
@@ -205,10 +313,25 @@ def _tokens(usage: Any) -> tuple[int, int] | None:
     return prompt, completion
 
 
-def asking_for_usage(body: bytes) -> bytes:
-    """The request ``body`` (a JSON object) with ``stream_options.include_usage`` set, which it lacked."""
-    at = body.index(b"{") + 1
-    return body[:at] + ASK_FOR_USAGE + body[at:]
+def asking_for_usage(body: bytes, options: Any) -> bytes | None:
+    """A stream's request ``body`` (a JSON object) asking the engine for usage, given its decoded
+    ``stream_options`` (``msgspec.UNSET``: the key is not there); None when the client asked itself.
+
+    Left out (the usual case: the ``openai`` package sends none), the option goes in front, the rest of the
+    bytes untouched. Otherwise (``null``, ``{}``, ``include_usage`` false or null) the body is decoded and
+    encoded again with ``include_usage`` set and every other choice the client made kept (its other
+    options; a key it sent twice once, with the last value, which is the one JSON parsers keep)."""
+    if options is UNSET:  # msgspec matched every spelling of the key, an escaped one too: none is there
+        at = body.index(b"{") + 1
+        return body[:at] + ASK_FOR_USAGE + body[at:]
+    if options is not None and options.include_usage is True:
+        return None
+    request = msgspec.json.decode(body)
+    sent = request.get("stream_options")
+    request["stream_options"] = (
+        {**sent, "include_usage": True} if isinstance(sent, dict) else {"include_usage": True}
+    )
+    return msgspec.json.encode(request)
 
 
 def usage_event(line: bytes) -> tuple[tuple[int, int] | None, bool]:

@@ -6,22 +6,29 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
+import redis
+from django.conf import settings
 from django.contrib.auth.models import User
 
 from apps.clusters.models import ClientCredential
 from apps.clusters.tests.factories import bind, credential, echo_backend, loopback_node, running_server
+from apps.gateway.lbstate import PROCESSES_KEY
 from apps.gateway.limits import Limiter, Limits
 from apps.gateway.resp import LeanRedis
+from modelforge.embedded import EmbeddedRedis
 from tests.fixtures import (
     LiveWeb,
+    clear_limit_counts,
     clear_usage,
     free_port,
     run_in_own_loop,
@@ -35,6 +42,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
 @pytest.fixture
 def echo(tmp_path):
     clear_usage()
+    clear_limit_counts()
     process, port = echo_backend(tmp_path, "echo-l")
     yield port
     os.killpg(process.process.pid, signal.SIGTERM)
@@ -190,3 +198,113 @@ def test_with_redis_away_a_limited_call_is_admitted_and_said_so(caplog):
     assert admitted == [None]
     assert limiter.redis_ok is False
     assert any("limits are not enforced" in r.getMessage() for r in caplog.records)
+
+
+def test_a_new_web_process_holds_a_limit_from_its_first_calls(echo, tmp_path, operator_client):
+    # Regression (issue 47): a web process's call ids were drawn in gunicorn's master, before it forked its
+    # workers, so two workers' first calls had the same ids and replaced each other's entries in the
+    # window: 5 of 8 admitted at 3 a minute. A fresh Redis too (no script loaded), as after `make run`.
+    bind("chat.echo@1", server=running_server(loopback_node(), "echo-l", echo))
+    key = credential(["chat.echo@1"])
+    limited(key, operator_client, requests_per_minute=3)
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).script_flush()
+    web = start_web(tmp_path / "fresh-web.log", MODELFORGE_WEB_WORKERS="2")
+    try:
+        # At once, so that both workers take calls with their first ids.
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            statuses = Counter(pool.map(lambda _: chat(web.url, key).status_code, range(8)))
+        assert statuses == {200: 3, 429: 5}, (statuses, web.process.log()[-3000:])
+        # Each worker names itself in the load balancer's shared state, not by the master's pid.
+        master = web.process.process.pid
+        workers = {int(p) for p in Path(f"/proc/{master}/task/{master}/children").read_text().split()}
+        assert len(workers) == 2
+        assert wait_until(lambda: bool(flushed_pids() & workers), 10), (flushed_pids(), master, workers)
+        assert master not in flushed_pids()
+    finally:
+        web.process.stop()
+
+
+def flushed_pids() -> set[int]:
+    """The pids of the web processes of this host whose load-balancer state was flushed lately."""
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL, decode_responses=True)
+    named = [str(member).rsplit(":", 1) for member in client.zrange(PROCESSES_KEY, 0, -1)]
+    return {int(pid) for host, pid in named if host == socket.gethostname()}
+
+
+def test_a_limit_changed_under_load_holds_in_every_worker(echo, tmp_path, operator_client):
+    # Issue 47: a limit saved while a credential is busy applies in every worker of a web process (each
+    # rebuilds its table on the change notice), and from then on its window counts each admitted call once.
+    bind("chat.echo@1", server=running_server(loopback_node(), "echo-l", echo))
+    key = credential(["chat.echo@1"])
+    pk = ClientCredential.objects.get(display_prefix=key[:12]).pk
+    web = start_web(tmp_path / "loaded-web.log", MODELFORGE_WEB_WORKERS="2")
+    answers: list[int] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(timeout=20) as client:
+            while not stop.is_set():
+                answers.append(
+                    client.post(
+                        web.url + "/v1/chat/completions",
+                        json={"model": "chat.echo@1", "messages": [{"role": "user", "content": "a"}]},
+                        headers={"Authorization": f"Bearer {key}"},
+                    ).status_code
+                )
+
+    clients = [threading.Thread(target=load) for _ in range(6)]
+    try:
+        for thread in clients:
+            thread.start()
+        assert wait_until(lambda: answers.count(200) >= 50, 20)  # busy, with no limit
+        limited(key, operator_client, requests_per_minute=5)
+        assert wait_until(lambda: 429 in answers, 10)
+        stop.set()
+        for thread in clients:
+            thread.join(20)
+        # Every worker has the limit: a burst at once, spread over both, is refused whole, and the window
+        # holds the 5 calls the limit admitted (the calls before the change went through no window).
+        with ThreadPoolExecutor(max_workers=10) as pool:
+            burst = Counter(pool.map(lambda _: chat(web.url, key).status_code, range(10)))
+        assert burst == {429: 10}, burst
+        use = operator_client.get(f"/api/v1/client-credentials/{pk}/use").json()
+        assert use["requests_last_minute"] == 5, use
+        # Raised under load again: admitted again.
+        stop.clear()
+        clients = [threading.Thread(target=load) for _ in range(6)]
+        for thread in clients:
+            thread.start()
+        limited(key, operator_client, requests_per_minute=100_000)
+        served = len(answers)
+        assert wait_until(lambda: 200 in answers[served:], 10)
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(20)
+        web.process.stop()
+
+
+def test_a_limited_call_just_after_a_redis_restart_is_checked_not_admitted_unchecked(tmp_path, caplog):
+    # Issue 47: the first call after Redis restarted found the old connection ended under it and was
+    # admitted as if Redis were away, though a new connection answered (and loads the script it lost).
+    restarted = EmbeddedRedis(tmp_path / "redis", free_port())
+    restarted.start(persistent=False)
+    limiter = Limiter()
+    limiter._lean = LeanRedis(restarted.url)
+    slots: list[str | None] = []
+
+    async def admit_across_a_restart() -> None:
+        slots.append(await limiter.admit("1", Limits(max_concurrent=5)))
+        restarted.stop()  # (blocking the loop: the call below is the first to find the connection gone)
+        restarted.start(persistent=False)
+        slots.append(await limiter.admit("1", Limits(max_concurrent=5)))
+
+    try:
+        run_in_own_loop(admit_across_a_restart)
+        # Checked both times (a concurrency slot is the check's; an unchecked call has none).
+        assert None not in slots and len(slots) == 2
+        assert limiter.redis_ok is True
+        assert not any("not enforced" in r.getMessage() for r in caplog.records)
+        assert redis.Redis.from_url(restarted.url).zcard("modelforge:limit:1:in-flight") == 1
+    finally:
+        restarted.stop()

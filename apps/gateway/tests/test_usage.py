@@ -7,25 +7,32 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import signal
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
+import httpx
 import pytest
 import redis
 from django.conf import settings
 from django.contrib.auth.models import User
-from openai import OpenAI
+from msgspec import UNSET
+from openai import APIStatusError, OpenAI
 
+from apps.clusters.limits import current_use
 from apps.clusters.models import ClientCredential
 from apps.clusters.tests.factories import bind, credential, echo_backend, loopback_node, running_server
 from apps.gateway.lbstate import SharedState
 from apps.gateway.resp import LeanRedis
-from apps.gateway.usage import SEP, USAGE_KEY, split_field, usage_in
+from apps.gateway.shapes import ChatCompletion, checked
+from apps.gateway.usage import SEP, USAGE_KEY, Outbox, asking_for_usage, split_field, usage_in
 from apps.observability.models import UsageSample
 from apps.observability.sampling import roll_up_usage
-from tests.fixtures import clear_usage, free_port, run_in_own_loop, wait_until
+from tests.fixtures import clear_limit_counts, clear_usage, free_port, run_in_own_loop, wait_until
 
 pytestmark = [
     pytest.mark.django_db(databases=["default", "observability"], transaction=True),
@@ -36,6 +43,7 @@ pytestmark = [
 @pytest.fixture
 def echo(tmp_path):
     clear_usage()
+    clear_limit_counts()
     process, port = echo_backend(tmp_path, "echo-u")
     yield port
     os.killpg(process.process.pid, signal.SIGTERM)
@@ -181,6 +189,121 @@ def test_a_stream_that_arrives_whole_with_its_head_is_passed_as_any_stream(live_
     assert wait_until(lambda: all(counted(key_id)[k] == v for k, v in expected.items()), 10), counted(key_id)
 
 
+# What a client may say of usage, through the `openai` package: every combination of `stream` and
+# `stream_options` (left out, `{}`, asking for usage, asking for none).
+LEFT_OUT: Any = object()
+SDK_CASES = [
+    (stream, options)
+    for stream in (LEFT_OUT, False, True)
+    for options in (LEFT_OUT, {}, {"include_usage": True}, {"include_usage": False})
+]
+# And as raw bodies, what the `openai` package does not send: `null`s, the key spelt with an escape, the key
+# twice (JSON parsers keep the last), and an option of an engine's own beside include_usage.
+RAW_CASES = {
+    "stream_options null": b'"stream":true,"stream_options":null',
+    "include_usage null": b'"stream":true,"stream_options":{"include_usage":null}',
+    "escaped key": b'"stream":true,"stream\\u005foptions":{}',
+    "asked, then not": b'"stream":true,"stream_options":{"include_usage":true},"stream_options":{}',
+    "another option": b'"stream":true,"stream_options":{"include_usage":false,"engine_option":1}',
+    "not a stream": b'"stream":false,"stream_options":{}',
+}
+
+
+def _sdk_call(url: str, key: str, stream: Any, options: Any) -> tuple[int, str, bool]:
+    """(status, refusal code, whether the client received usage) of one chat call of "a b c" (7 tokens)."""
+    extra: dict[str, Any] = {}
+    if stream is not LEFT_OUT:
+        extra["stream"] = stream
+    if options is not LEFT_OUT:
+        extra["stream_options"] = options
+    sdk = OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=20)
+    try:
+        answer: Any = sdk.chat.completions.create(
+            model="chat.echo@1", messages=[{"role": "user", "content": "a b c"}], **extra
+        )
+    except APIStatusError as exc:
+        return exc.status_code, exc.body.get("code", "") if isinstance(exc.body, dict) else "", False
+    if stream is True:
+        chunks = list(answer)
+        return 200, "", any(c.usage is not None for c in chunks)
+    return 200, "", answer.usage is not None
+
+
+def _raw_call(url: str, key: str, fields: bytes) -> tuple[int, str, bool]:
+    body = b'{"model":"chat.echo@1","messages":[{"role":"user","content":"a b c"}],' + fields + b"}"
+    answer = httpx.post(
+        url + "/v1/chat/completions",
+        content=body,
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        timeout=20,
+    )
+    if answer.status_code != 200:
+        return answer.status_code, answer.json()["code"], False
+    if not answer.headers["content-type"].startswith("text/event-stream"):
+        return 200, "", "usage" in answer.json()
+    chunks = [
+        json.loads(line[5:])
+        for line in answer.text.splitlines()
+        if line.startswith("data:") and line[5:].strip() != "[DONE]"
+    ]
+    return 200, "", any(chunk.get("usage") for chunk in chunks)
+
+
+def test_a_token_budget_holds_whatever_the_client_says_of_usage(live_web, echo, operator_client):
+    # Regression (issue 47): a stream with `"stream_options": {}` or `{"include_usage": false}` was never
+    # counted (the gateway asked for usage only when stream_options was left out), so a budget of 50
+    # tokens a day let any number of such calls through. Each case, on a credential of its own with a
+    # budget of 12 tokens a day, is refused at its third call (7 + 7 tokens counted), and a client gets
+    # a usage chunk in a stream only when it asked for one.
+    bind("chat.echo@1", server=running_server(loopback_node(), "echo-u", echo))
+    cases: dict[str, tuple[Any, ...]] = {
+        f"sdk stream={'-' if s is LEFT_OUT else s} stream_options={'-' if o is LEFT_OUT else o}": (s, o)
+        for s, o in SDK_CASES
+    }
+    cases |= {f"raw {name}": (fields,) for name, fields in RAW_CASES.items()}
+    keys = {name: credential(["chat.echo@1"]) for name in cases}
+    for key in keys.values():
+        limited(key, operator_client, tokens_per_day=12)
+    ids = {name: str(ClientCredential.objects.get(display_prefix=key[:12]).pk) for name, key in keys.items()}
+
+    def run(name: str) -> tuple[list[tuple[int, str]], int, bool]:
+        case, key, answers, saw_usage = cases[name], keys[name], [], False
+        for counted_by_then in (7, 14, None):
+            status, code, usage = (
+                _sdk_call(live_web.url, key, *case) if len(case) == 2 else _raw_call(live_web.url, key, *case)
+            )
+            answers.append((status, code))
+            saw_usage = saw_usage or usage
+            if counted_by_then is not None:  # the engine's count reaches Redis within about a second
+                wait_until(lambda: current_use(ids[name])["tokens_today"] >= counted_by_then, 10)  # noqa: B023
+        return answers, int(current_use(ids[name])["tokens_today"]), saw_usage
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        results = dict(zip(cases, pool.map(run, cases), strict=True))
+
+    def gets_usage(name: str) -> bool:
+        """A plain answer always carries its usage; a stream only when the client asked (no raw one
+        does: in the body twice, the last value, `{}`, is the one that counts)."""
+        if name == "raw not a stream":
+            return True
+        if name.startswith("raw "):
+            return False
+        stream, options = cases[name]
+        return stream is not True or options == {"include_usage": True}
+
+    refused_third = [(200, ""), (200, ""), (429, "BUDGET_EXHAUSTED")]
+    assert results == {name: (refused_third, 14, gets_usage(name)) for name in cases}
+
+
+def limited(key: str, operator_client, **limits: int | None) -> None:
+    pk = ClientCredential.objects.get(display_prefix=key[:12]).pk
+    body = dict.fromkeys(
+        ("requests_per_minute", "tokens_per_minute", "max_concurrent", "tokens_per_day", "tokens_per_month")
+    )
+    answer = operator_client.post(f"/api/v1/client-credentials/{pk}/limits", body | limits, format="json")
+    assert answer.status_code == 200, answer.content
+
+
 def test_usage_waits_in_the_process_while_redis_is_away_and_is_flushed_after():
     state = SharedState()
     # Both clients the flush may use (the lean one for a plain redis:// URL) point at nothing.
@@ -190,13 +313,68 @@ def test_usage_waits_in_the_process_while_redis_is_away_and_is_flushed_after():
 
     run_in_own_loop(state.flush)  # (a browser test may keep a loop running in this thread)
     assert state.redis_ok is False
-    assert state.usage.counts[f"7{SEP}{SEP}chat.echo@1{SEP}echo-a{SEP}prompt_tokens"] == 5
+    assert state.outbox.pending()[f"7{SEP}{SEP}chat.echo@1{SEP}echo-a{SEP}prompt_tokens"] == 5
     clear_usage()
     state._client = redis.asyncio.Redis.from_url(settings.CELERY_BROKER_URL)
     state._lean = None  # made again from the settings at the next flush
     run_in_own_loop(state.flush)  # (a browser test may keep a loop running in this thread)
-    assert not state.usage.counts and not state.usage.totals
+    assert not state.usage.counts and not state.usage.totals and not state.outbox.batches
     assert counted("7")["chat.echo@1:prompt_tokens"] == 5
+
+
+def test_a_batch_of_usage_sent_again_is_counted_once():
+    # Regression (issue 47's drill): a flush whose reply did not come (Redis frozen) kept its usage and
+    # sent it again, and the frozen Redis ran the first send too when it resumed: tokens counted several
+    # times over (16 calls' worth for 6 calls after a few seconds' freeze).
+    clear_usage()
+    clear_limit_counts()
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    outbox, now = Outbox(), time.time()
+    field = f"8{SEP}{SEP}chat.echo@1{SEP}echo-a{SEP}"
+    outbox.add(Counter({field + "prompt_tokens": 5, field + "completion_tokens": 6}), Counter())
+    for _ in range(3):  # sent, unanswered, sent again: Redis runs every copy
+        with client.pipeline(transaction=False) as pipe:
+            outbox.write(pipe, int(now // 60), now)
+            pipe.execute()
+    outbox.add(Counter({field + "prompt_tokens": 1}), Counter())  # a batch after it: counted
+    with client.pipeline(transaction=False) as pipe:
+        outbox.write(pipe, int(now // 60), now)
+        pipe.execute()
+    outbox.sent()
+    assert counted("8")["chat.echo@1:prompt_tokens"] == 6
+    assert current_use("8")["tokens_today"] == 12
+
+
+def test_a_stream_asks_for_usage_and_keeps_the_client_s_other_choices():
+    def asked(body: bytes) -> dict[str, Any] | None:
+        shape = checked("/v1/chat/completions", body)
+        assert isinstance(shape, ChatCompletion)
+        answer = asking_for_usage(body, shape.stream_options)
+        return None if answer is None else json.loads(answer)
+
+    chat = b'{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true'
+    # Left out: one insertion, the client's bytes otherwise as sent.
+    assert asking_for_usage(chat + b"}", UNSET) == (
+        b'{"stream_options":{"include_usage":true},"model":"m","messages":[{"role":"user","content":"x"}],'
+        b'"stream":true}'
+    )
+    assert asked(chat + b',"stream_options":{"include_usage":true}}') is None  # the client asked
+    for options in (b"null", b"{}", b'{"include_usage":false}', b'{"include_usage":null}'):
+        assert asked(chat + b',"stream_options":' + options + b"}") == {
+            "model": "m",
+            "messages": [{"role": "user", "content": "x"}],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    kept = asked(chat + b',"stream_options":{"include_usage":false,"continuous_usage_stats":true},"top_k":5}')
+    assert kept is not None
+    assert kept["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert kept["top_k"] == 5
+    # The key spelt with an escape, or sent twice: one key, the value JSON parsers take (the last).
+    escaped = asked(chat + b',"stream\\u005foptions":{"x":1}}')
+    assert escaped is not None and escaped["stream_options"] == {"x": 1, "include_usage": True}
+    twice = asked(chat + b',"stream_options":{"include_usage":true},"stream_options":{"y":2}}')
+    assert twice is not None and twice["stream_options"] == {"y": 2, "include_usage": True}
 
 
 def test_an_answer_s_usage_is_read_from_its_object_only():
@@ -254,5 +432,3 @@ def test_the_meter_counts_each_field_only_for_what_happened_and_adds_up_across_c
     counts, totals = meter.take()
     assert counts[one + "requests"] == 3 and totals[total + "requests"] == 5
     assert not meter.counts and not meter.totals
-    meter.put_back(counts, totals)  # a flush that failed keeps them for the next
-    assert meter.take() == (counts, totals)
