@@ -13,6 +13,8 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiSe
 from drf_spectacular.utils import OpenApiResponse
 from drf_spectacular.views import SpectacularSwaggerView
 
+from modelforge.autoschema import STATE_REFUSALS
+
 ENVELOPE = {
     "type": "object",
     "description": "Every error response: exactly these three keys (docs/TROUBLESHOOTING.md).",
@@ -64,6 +66,13 @@ def declare_error_envelope(
                 statuses["415"] = "The body is not JSON (Content-Type: application/json)"
             for status, description in statuses.items():
                 operation["responses"].setdefault(status, {"description": description, "content": ref})
+            refusals = operation.get(STATE_REFUSALS, {})
+            for status in sorted({str(status) for status in refusals.values()}):
+                named = ", ".join(code for code, s in refusals.items() if str(s) == status)
+                response = operation["responses"].setdefault(status, {"content": ref})
+                response["description"] = (
+                    f"{response.get('description', '')}; or, for what is stored: {named}"
+                ).lstrip("; ")
             for parameter in operation.get("parameters", []):
                 if parameter.pop(EMPTY_REFUSED, False):
                     parameter["allowEmptyValue"] = False
