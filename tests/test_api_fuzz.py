@@ -623,3 +623,18 @@ def test_a_channel_patch_judged_with_its_stored_kind_is_a_documented_conflict(op
     path = "/api/v1/notification-channels/{id}"
     assert state_refusals("patch", path) == {"CONFLICTS_WITH_STORED": 409, "NAME_TAKEN": 409}
     assert "CONFLICTS_WITH_STORED" not in state_refusals("put", path)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("project", ["shop", " shop", "shop ", "\u3000shop", "sh op", "\tshop"])
+def test_a_projects_surrounding_spaces_are_refused_as_its_schema_says(
+    operator_client: Any, project: str
+) -> None:
+    # bench/fuzz: POST /project-limits with " shop" was a VALIDATION_ERROR (validate_project) for a value
+    # the schema's pattern admitted.
+    import re
+
+    prop = DOCUMENT["components"]["schemas"]["ProjectLimitsRequest"]["properties"]["project"]
+    admitted = re.search(prop["pattern"], project) is not None
+    answer = operator_client.post("/api/v1/project-limits", {"project": project}, format="json")
+    assert (answer.status_code == 201) == admitted, (project, prop["pattern"], answer.content)

@@ -167,6 +167,8 @@ class ProjectLimitsSerializer(PrintableText, serializers.ModelSerializer):
     """A project's default limits: each applies to every credential of the project that leaves that limit
     empty. Each a whole number from 1, or null (no default)."""
 
+    trimmed_fields = ("project",)  # validate_project
+
     project = serializers.CharField(
         max_length=63,
         trim_whitespace=False,
