@@ -46,10 +46,13 @@ class AutoSchema(openapi.AutoSchema):
         status = {code: status for _, code, status in BY_DRF_CODE}
         found: set[str] = set()
         declared: dict[str, int] = {}
-        serializer = force_instance(self.get_request_serializer())
+        # Only where drf-spectacular itself asks for them: a guess elsewhere is a warning of `check`.
+        serializer = (
+            force_instance(self.get_request_serializer()) if self.method in ("POST", "PUT", "PATCH") else None
+        )
         if isinstance(serializer, serializers.ListSerializer):
             serializer = serializer.child
-        if self.method in ("POST", "PUT", "PATCH") and isinstance(serializer, serializers.Serializer):
+        if isinstance(serializer, serializers.Serializer):
             for field in serializer.fields.values():
                 if field.read_only:
                     continue
@@ -62,8 +65,9 @@ class AutoSchema(openapi.AutoSchema):
             declared.update(getattr(serializer, "openapi_state_refusals", {}))
             if self.method == "PATCH":  # drf-spectacular makes its PATCH serializer partial likewise
                 declared.update(getattr(serializer, "openapi_partial_state_refusals", {}))
-        if self.method == "GET" and self._is_list_view():
-            model = get_view_model(self.view)
+        filtered = any(getattr(self.view, name, None) for name in ("filterset_class", "filterset_fields"))
+        if self.method == "GET" and filtered and self._is_list_view():
+            model = get_view_model(self.view, emit_warnings=False)
             for backend in getattr(self.view, "filter_backends", ()) if model is not None else ():
                 get_class = getattr(backend(), "get_filterset_class", None)
                 filterset = get_class(self.view, get_manager(model).none()) if get_class else None
