@@ -12,8 +12,11 @@
    does not exist, an expiry already past): that status with that code passes; any other refusal fails,
    the same code with another status too. Runs in place of the built-in check, which is then disabled.
 
-Registering them with ``@schemathesis.check`` makes them part of every run that imports this module
-(the CLI through ``SCHEMATHESIS_HOOKS=tests.contract_checks``)."""
+A check returns None when it passed and True when it does not apply: schemathesis counts only the
+former as passed (a failure raises). Until 2026-12-07 these returned the two the other way round, so a
+run's "passed" for them counted the answers they did not apply to. Registering them with
+``@schemathesis.check`` makes them part of every run that imports this module (the CLI through
+``SCHEMATHESIS_HOOKS=tests.contract_checks``)."""
 
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ def error_envelope(
 ) -> bool | None:
     """An error answer (4xx, or a 5xx other than the plain 500) is exactly the envelope."""
     if response.status_code < 400 or response.status_code == 500:
-        return None
+        return True  # not an error answer: skipped, not counted as passed
     if not _content_type(response).startswith("application/json"):
         raise AssertionError(f"{response.status_code} is not JSON: {_content_type(response)!r}")
     try:
@@ -59,7 +62,7 @@ def error_envelope(
     empty = [key for key in sorted(ENVELOPE_KEYS) if not isinstance(body[key], str) or not body[key]]
     if empty:
         raise AssertionError(f"{response.status_code} envelope has empty or non-string {empty}")
-    return True
+    return None
 
 
 @schemathesis.check
@@ -68,12 +71,12 @@ def plain_internal_server_error(
 ) -> bool | None:
     """A 500 says nothing but ``Internal Server Error``, as text/plain."""
     if response.status_code != 500:
-        return None
+        return True  # skipped
     if _content(response) != INTERNAL_SERVER_ERROR:
         raise AssertionError(f"500 body is not exactly 'Internal Server Error': {_content(response)[:200]!r}")
     if not _content_type(response).startswith("text/plain"):
         raise AssertionError(f"500 is not text/plain: {_content_type(response)!r}")
-    return True
+    return None
 
 
 @schemathesis.check
@@ -83,7 +86,7 @@ def no_internal_server_error(
     """No input produces a 500."""
     if response.status_code == 500:
         raise AssertionError(f"500 Internal Server Error for {case.method} {case.formatted_path}")
-    return True
+    return None
 
 
 def documented_state_refusal(case: schemathesis.Case, response: schemathesis.Response) -> str | None:
@@ -108,7 +111,7 @@ def positive_data_acceptance_documented(
         return positive_data_acceptance(ctx, response, case)
     except RejectedPositiveData:
         if documented_state_refusal(case, response) is not None:
-            return True
+            return None  # passed
         raise
 
 

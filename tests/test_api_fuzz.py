@@ -3,7 +3,8 @@
 Each operation is a test of its own, called through Django's WSGI handler with the operator's key, with
 positive and negative cases (about four each). Every answer must be documented by the schema (status
 code, content type, body and headers), a schema-valid request must not be refused with a 400 (the
-schema states every rule the server enforces), and the error contract holds (tests/contract_checks.py):
+schema states every rule the server enforces) but for a refusal its operation documents for what is
+stored (``x-modelforge-state-refusals``), and the error contract holds (tests/contract_checks.py):
 the envelope on every error, the exact plain 500, no 500 at all.
 
 Positive cases are steered to a small world of real rows (``world``, ``steer_to_world``), so that they
