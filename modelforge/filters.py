@@ -6,6 +6,8 @@ list of the API and the dashboard filters through ``FilterSet`` here: a boolean 
 or ``1``/``0`` (any case), an integer column's filter an integer, and anything else is a
 ``400 VALIDATION_ERROR`` naming the parameter (``FilterBackend``) or, on a dashboard page, the
 message above an empty list (``filtered``). An empty value is the same as leaving the parameter out.
+A reference to a row that does not exist (``?node=<a UUID of no node>``) is refused too, as
+``400 REFERENCE_NOT_FOUND``: a refusal for what is stored, which the OpenAPI document lists.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import QuerySet
 from django_filters import rest_framework as drf_filters
+from django_filters.fields import ModelChoiceField as FilterModelChoiceField
 
 _BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
 
@@ -63,6 +66,34 @@ class IntegerFilter(django_filters.NumberFilter):
     field_class = forms.IntegerField
 
 
+class ReferenceField(FilterModelChoiceField):
+    """A filter's reference to another row by its key: a value that is not a key (``?node=abc`` for a
+    UUID) is invalid, and a key of no row is ``does_not_exist``, which the API answers as
+    ``REFERENCE_NOT_FOUND`` (a refusal for what is stored, as in a body; modelforge.errors)."""
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            return super().to_python(value)
+        except ValidationError as exc:
+            if exc.code != "invalid_choice":
+                raise
+            model = self.queryset.model
+            key = model._meta.get_field(self.to_field_name) if self.to_field_name else model._meta.pk
+            try:
+                key.to_python(value)
+            except ValidationError:
+                raise exc from None
+            raise ValidationError(
+                "No %(model)s has %(value)r.",
+                code="does_not_exist",
+                params={"model": model._meta.verbose_name, "value": value},
+            ) from None
+
+
+class ReferenceFilter(django_filters.ModelChoiceFilter):
+    field_class = ReferenceField
+
+
 _INTEGERS = (
     models.IntegerField,
     models.BigIntegerField,
@@ -80,6 +111,10 @@ class FilterSet(django_filters.FilterSet):
         **django_filters.FilterSet.FILTER_DEFAULTS,
         models.BooleanField: {"filter_class": BooleanFilter},
         **{field: {"filter_class": IntegerFilter} for field in _INTEGERS},
+        **{
+            field: {**django_filters.FilterSet.FILTER_DEFAULTS[field], "filter_class": ReferenceFilter}
+            for field in (models.ForeignKey, models.OneToOneField)
+        },
     }
 
 

@@ -13,6 +13,8 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiSe
 from drf_spectacular.utils import OpenApiResponse
 from drf_spectacular.views import SpectacularSwaggerView
 
+from modelforge.autoschema import STATE_REFUSALS
+
 ENVELOPE = {
     "type": "object",
     "description": "Every error response: exactly these three keys (docs/TROUBLESHOOTING.md).",
@@ -64,6 +66,13 @@ def declare_error_envelope(
                 statuses["415"] = "The body is not JSON (Content-Type: application/json)"
             for status, description in statuses.items():
                 operation["responses"].setdefault(status, {"description": description, "content": ref})
+            refusals = operation.get(STATE_REFUSALS, {})
+            for status in sorted({str(status) for status in refusals.values()}):
+                named = ", ".join(code for code, s in refusals.items() if str(s) == status)
+                response = operation["responses"].setdefault(status, {"content": ref})
+                response["description"] = (
+                    f"{response.get('description', '')}; or, for what is stored: {named}"
+                ).lstrip("; ")
             for parameter in operation.get("parameters", []):
                 if parameter.pop(EMPTY_REFUSED, False):
                     parameter["allowEmptyValue"] = False
@@ -95,10 +104,14 @@ _WHITESPACE = (
 NOT_BLANK = f"[^{_WHITESPACE}]"
 
 
-def printable_pattern(*, free_text: bool, allow_blank: bool) -> str:
+def printable_pattern(*, free_text: bool, allow_blank: bool, trimmed: bool = False) -> str:
     """The pattern of a PrintableText field: no refused character, and one that is not white space
-    unless the field may be blank (DRF trims before its blank check)."""
+    unless the field may be blank (DRF trims before its blank check); ``trimmed``: no white space at
+    either end either (``PrintableText.trimmed_fields``)."""
     refused = _REFUSED_IN_FREE_TEXT if free_text else _REFUSED
+    if trimmed:
+        text = f"[^{refused}{_WHITESPACE}]([^{refused}]*[^{refused}{_WHITESPACE}])?"
+        return f"^({text})?$" if allow_blank else f"^{text}$"
     if allow_blank:
         return f"^[^{refused}]*$"
     return f"^[^{refused}]*[^{refused}{_WHITESPACE}][^{refused}]*$"
@@ -122,13 +135,16 @@ class PrintableTextSchema(OpenApiSerializerExtension):
         serializer = self.target
         properties = schema.get("properties", {})
         free_text = getattr(serializer, "free_text_fields", ())
+        trimmed = getattr(serializer, "trimmed_fields", ())
         for name, field in serializer.fields.items():
             prop = properties.get(name)
             if prop is None or field.read_only or not isinstance(field, serializers.CharField):
                 continue
             if "pattern" not in prop:
                 prop["pattern"] = printable_pattern(
-                    free_text=name in free_text, allow_blank=bool(field.allow_blank)
+                    free_text=name in free_text,
+                    allow_blank=bool(field.allow_blank),
+                    trimmed=name in trimmed,
                 )
         partial = getattr(serializer, "partial", False)
         schema.update(getattr(serializer, "openapi_partial_rules" if partial else "openapi_rules", {}))

@@ -386,7 +386,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "modelforge.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "modelforge.errors.drf_exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "modelforge.autoschema.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
 

@@ -55,6 +55,9 @@ class PrintableText(serializers.Serializer):
     and tabs. Put it first among the bases: ``class X(PrintableText, serializers.ModelSerializer)``."""
 
     free_text_fields: ClassVar[tuple[str, ...]] = ()
+    # Fields whose own validation (``validate_<name>``) refuses white space at either end: their OpenAPI
+    # pattern says so too (modelforge.openapi.printable_pattern).
+    trimmed_fields: ClassVar[tuple[str, ...]] = ()
     # Rules across fields that the serializer enforces, stated in its OpenAPI request schema (JSON Schema
     # keywords merged in by modelforge.openapi.PrintableTextSchema); the partial ones for PATCH.
     openapi_rules: ClassVar[dict[str, Any]] = {}

@@ -3,7 +3,8 @@
 Each operation is a test of its own, called through Django's WSGI handler with the operator's key, with
 positive and negative cases (about four each). Every answer must be documented by the schema (status
 code, content type, body and headers), a schema-valid request must not be refused with a 400 (the
-schema states every rule the server enforces), and the error contract holds (tests/contract_checks.py):
+schema states every rule the server enforces) but for a refusal its operation documents for what is
+stored (``x-modelforge-state-refusals``), and the error contract holds (tests/contract_checks.py):
 the envelope on every error, the exact plain 500, no 500 at all.
 
 Positive cases are steered to a small world of real rows (``world``, ``steer_to_world``), so that they
@@ -35,13 +36,17 @@ from drf_spectacular.generators import SchemaGenerator
 from schemathesis.core.parameters import ParameterLocation
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
-    positive_data_acceptance,
     response_headers_conformance,
     response_schema_conformance,
     status_code_conformance,
 )
 
-from tests.contract_checks import CONTRACT_CHECKS
+from tests.contract_checks import (
+    CONTRACT_CHECKS,
+    STATE_REFUSALS,
+    documented_state_refusal,
+    positive_data_acceptance_documented,
+)
 
 SEED = int(os.environ.get("MODELFORGE_TEST_FUZZ_SEED", "20261130"))
 # About 370 cases in 20-30 s on the 2-core machine: make test's budget.
@@ -70,7 +75,8 @@ schema = schemathesis.openapi.from_dict(DOCUMENT, config=CONFIG)
 schema.app = WSGIHandler()
 
 # Operations whose acceptance of a schema-valid body depends on stored rows or configuration the schema
-# cannot see: positive_data_acceptance is left out for them; every other check runs.
+# cannot see, beyond the refusals they document (x-modelforge-state-refusals): the acceptance check is
+# left out for them; every other check runs.
 ACCEPTANCE_DEPENDS_ON_STATE = {
     "POST /api/v1/servers": "placement: the runtime profile's own rules (GPUs, weights), nodes, capacity",
     "POST /api/v1/clusters": "its servers must exist, be live and serve no member yet",
@@ -80,11 +86,9 @@ ACCEPTANCE_DEPENDS_ON_STATE = {
     "POST /api/v1/vector-stores/{id}/indexes": "a capability by name, with a recorded space",
     "POST /api/v1/consumer-aliases": "a capability by name, with a recorded space; the index in the store",
     "POST /api/v1/cutovers": "a target capability by name, with a recorded space",
-    "POST /api/v1/embedding-spaces": "a capability by name",
     "POST /api/v1/embedding-spaces/measure": "a capability by name, served by a running backend",
     "PUT /api/v1/routing-tiers/{id}": "exactly one of cluster and server: a field left out keeps its value",
     "PATCH /api/v1/routing-tiers/{id}": "exactly one of cluster and server, counting the stored binding",
-    "PATCH /api/v1/notification-channels/{id}": "the target is judged by the stored kind",
 }
 
 CHECKS = [
@@ -92,10 +96,12 @@ CHECKS = [
     content_type_conformance,
     response_headers_conformance,
     response_schema_conformance,
-    positive_data_acceptance,
+    # schemathesis's positive_data_acceptance, which also passes the refusals an operation documents for
+    # what is stored (a taken name, a row that does not exist), and nothing else.
+    positive_data_acceptance_documented,
     *CONTRACT_CHECKS,
 ]
-CHECKS_WITHOUT_ACCEPTANCE = [check for check in CHECKS if check is not positive_data_acceptance]
+CHECKS_WITHOUT_ACCEPTANCE = [check for check in CHECKS if check is not positive_data_acceptance_documented]
 
 
 @pytest.fixture(autouse=True)
@@ -441,21 +447,21 @@ def assert_refused(response: Any, status: int, code: str) -> str:
 
 
 @pytest.mark.django_db
-def test_a_taken_capability_name_is_a_validation_error_not_a_500(operator_client: Any) -> None:
-    # bench/fuzz: the declared name field had dropped the model's unique check (IntegrityError, a 500).
+def test_a_taken_capability_name_is_a_documented_409_not_a_500(operator_client: Any) -> None:
+    # bench/fuzz: the declared name field had dropped the model's unique check (IntegrityError, a 500);
+    # then a 400 VALIDATION_ERROR that the schema did not document (issue 47): now 409 NAME_TAKEN.
     first = operator_client.post("/api/v1/capabilities", {"name": "rag.embedding@1"}, format="json")
     other = operator_client.post("/api/v1/capabilities", {"name": "chat.general@1"}, format="json")
     assert first.status_code == other.status_code == 201
     again = operator_client.post("/api/v1/capabilities", {"name": "rag.embedding@1"}, format="json")
-    assert "exists" in assert_refused(again, 400, "VALIDATION_ERROR")
+    assert "exists" in assert_refused(again, 409, "NAME_TAKEN")
     url = f"/api/v1/capabilities/{other.json()['id']}"
-    assert_refused(
-        operator_client.put(url, {"name": "rag.embedding@1"}, format="json"), 400, "VALIDATION_ERROR"
-    )
-    assert_refused(
-        operator_client.patch(url, {"name": "rag.embedding@1"}, format="json"), 400, "VALIDATION_ERROR"
-    )
+    assert_refused(operator_client.put(url, {"name": "rag.embedding@1"}, format="json"), 409, "NAME_TAKEN")
+    assert_refused(operator_client.patch(url, {"name": "rag.embedding@1"}, format="json"), 409, "NAME_TAKEN")
     assert operator_client.patch(url, {"name": "chat.general@1"}, format="json").status_code == 200
+    for method in ("post", "put", "patch"):
+        path = "/api/v1/capabilities" if method == "post" else "/api/v1/capabilities/{id}"
+        assert state_refusals(method, path) == {"NAME_TAKEN": 409}
 
 
 @pytest.mark.django_db
@@ -513,3 +519,123 @@ def test_asking_again_for_a_replica_retries_it_rather_than_refusing_a_duplicate(
     )
     assert answer.status_code == 202, answer.content
     assert answer.json()["id"] == replica.pk and answer.json()["state"] == "requested"
+
+
+# --- Refusals for what is stored: named, and documented by the operations that answer them (issue 47) ---
+
+
+def state_refusals(method: str, path: str) -> dict[str, int]:
+    return dict(DOCUMENT["paths"][path][method].get(STATE_REFUSALS, {}))
+
+
+@pytest.mark.django_db
+def test_a_row_that_does_not_exist_is_a_documented_reference_not_found(operator_client: Any) -> None:
+    # bench/fuzz: "Invalid pk - object does not exist" and a filter's "Select a valid choice" were 400
+    # VALIDATION_ERROR, the answer to a malformed body, for requests the schema calls valid.
+    from apps.nodes.tests.factories import make_node
+
+    node, _ = make_node(name="ref-node")
+    missing = operator_client.post(
+        "/api/v1/replicas", {"artifact": 999999, "node": str(node.pk)}, format="json"
+    )
+    assert "artifact" in assert_refused(missing, 400, "REFERENCE_NOT_FOUND")
+    listed = operator_client.get("/api/v1/replicas", {"artifact": 999999})
+    assert "artifact" in assert_refused(listed, 400, "REFERENCE_NOT_FOUND")
+    by_name = operator_client.post(
+        "/api/v1/embedding-spaces/measure", {"capability": "no.such@1"}, format="json"
+    )
+    assert "capability" in assert_refused(by_name, 400, "REFERENCE_NOT_FOUND")
+    # A value that cannot be a key, or a missing row next to a malformed field, is still a malformed request.
+    assert_refused(operator_client.get("/api/v1/replicas", {"node": "not-a-uuid"}), 400, "VALIDATION_ERROR")
+    mixed = operator_client.post(
+        "/api/v1/replicas", {"artifact": 999999, "node": "not-a-uuid"}, format="json"
+    )
+    assert_refused(mixed, 400, "VALIDATION_ERROR")
+    assert operator_client.get("/api/v1/replicas", {"node": str(node.pk)}).status_code == 200
+    for method, path in [
+        ("post", "/api/v1/replicas"),
+        ("get", "/api/v1/replicas"),
+        ("post", "/api/v1/embedding-spaces/measure"),
+        ("get", "/api/v1/notifications"),
+        ("post", "/api/v1/routing-tiers"),
+    ]:
+        assert state_refusals(method, path) == {"REFERENCE_NOT_FOUND": 400}, (method, path)
+    # POST /servers pins a node by its name, which the scheduler looks up (not a related field).
+    pinned = {"name": "s1", "profile": "test-echo", "model": "m", "node": "no-such-node"}
+    assert "no-such-node" in assert_refused(
+        operator_client.post("/api/v1/servers", pinned, format="json"), 400, "REFERENCE_NOT_FOUND"
+    )
+    assert state_refusals("post", "/api/v1/servers")["REFERENCE_NOT_FOUND"] == 400
+    # An operation that names no other row documents none.
+    assert state_refusals("get", "/api/v1/nodes") == {}
+
+
+@pytest.mark.django_db
+def test_a_past_expiry_is_a_documented_refusal_for_the_clock(operator_client: Any) -> None:
+    # bench/fuzz: a credential's past expires_at was a VALIDATION_ERROR the schema could not state.
+    past = (timezone.now() - timedelta(days=1)).isoformat()
+    body = {"name": "app", "scopes": ["rag.embedding@1"], "expires_at": past}
+    answer = operator_client.post("/api/v1/client-credentials", body, format="json")
+    assert "expires_at" in assert_refused(answer, 400, "EXPIRY_IN_PAST")
+    assert state_refusals("post", "/api/v1/client-credentials") == {"EXPIRY_IN_PAST": 400}
+    documented = DOCUMENT["paths"]["/api/v1/client-credentials"]["post"]["responses"]["400"]["description"]
+    assert "EXPIRY_IN_PAST" in documented
+
+
+@pytest.mark.django_db
+def test_the_acceptance_check_passes_a_documented_refusal_and_nothing_else(operator_client: Any) -> None:
+    # What bench/fuzz gates on: a schema-valid request refused with a code its operation documents, with
+    # that status, passes; an undocumented code, or a documented one with another status, does not.
+    from apps.clusters.models import Capability
+
+    Capability.objects.create(name="rag.embedding@1")
+    operation = schema["/api/v1/capabilities"]["POST"]
+    case = operation.Case(body={"name": "rag.embedding@1"}, media_type="application/json")
+    taken = case.call(headers={"Authorization": f"Bearer {settings.OPERATOR_API_KEY}"})
+    assert taken.status_code == 409
+    assert documented_state_refusal(case, taken) == "NAME_TAKEN"
+    other = schema["/api/v1/enrollment-tokens"]["POST"].Case(body={}, media_type="application/json")
+    assert documented_state_refusal(other, taken) is None  # NAME_TAKEN is not that operation's
+    malformed = operation.Case(body={"name": "Not A Capability"}, media_type="application/json")
+    refused = malformed.call(headers={"Authorization": f"Bearer {settings.OPERATOR_API_KEY}"})
+    assert refused.status_code == 400 and documented_state_refusal(malformed, refused) is None
+    # The documented code with another status than the one documented is not the documented refusal.
+    taken.status_code = 400
+    assert documented_state_refusal(case, taken) is None
+
+
+@pytest.mark.django_db
+def test_a_channel_patch_judged_with_its_stored_kind_is_a_documented_conflict(operator_client: Any) -> None:
+    # bench/fuzz: PATCH {"kind": "email"} of a webhook channel was a VALIDATION_ERROR of the stored target,
+    # for a body the schema calls valid (it cannot see the stored target).
+    from apps.alerts.models import NotificationChannel
+
+    hook = NotificationChannel.objects.create(name="hook", kind="webhook", target="https://hooks.example/x")
+    url = f"/api/v1/notification-channels/{hook.pk}"
+    alone = operator_client.patch(url, {"kind": "email"}, format="json")
+    assert "e-mail" in assert_refused(alone, 409, "CONFLICTS_WITH_STORED")
+    target = operator_client.patch(url, {"target": "ops@example.org"}, format="json")
+    assert_refused(target, 409, "CONFLICTS_WITH_STORED")
+    # Sent together, the two are the body's own shape: a malformed request, as before.
+    both = operator_client.patch(url, {"kind": "email", "target": "not an address"}, format="json")
+    assert_refused(both, 400, "VALIDATION_ERROR")
+    moved = operator_client.patch(url, {"kind": "email", "target": "ops@example.org"}, format="json")
+    assert moved.status_code == 200, moved.content
+    path = "/api/v1/notification-channels/{id}"
+    assert state_refusals("patch", path) == {"CONFLICTS_WITH_STORED": 409, "NAME_TAKEN": 409}
+    assert "CONFLICTS_WITH_STORED" not in state_refusals("put", path)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("project", ["shop", " shop", "shop ", "\u3000shop", "sh op", "\tshop"])
+def test_a_projects_surrounding_spaces_are_refused_as_its_schema_says(
+    operator_client: Any, project: str
+) -> None:
+    # bench/fuzz: POST /project-limits with " shop" was a VALIDATION_ERROR (validate_project) for a value
+    # the schema's pattern admitted.
+    import re
+
+    prop = DOCUMENT["components"]["schemas"]["ProjectLimitsRequest"]["properties"]["project"]
+    admitted = re.search(prop["pattern"], project) is not None
+    answer = operator_client.post("/api/v1/project-limits", {"project": project}, format="json")
+    assert (answer.status_code == 201) == admitted, (project, prop["pattern"], answer.content)

@@ -494,7 +494,7 @@ def test_a_credential_cannot_be_minted_already_expired(operator_client, related,
         {"name": "app", "scopes": ["rag.embedding@1"], "expires_at": (timezone.now() - ago).isoformat()},
         format="json",
     )
-    assert "expires_at:" in assert_envelope(response, 400, "VALIDATION_ERROR")["message"]
+    assert "expires_at:" in assert_envelope(response, 400, "EXPIRY_IN_PAST")["message"]
     assert not ClientCredential.objects.exists()
 
 

@@ -24,6 +24,7 @@ from apps.servers.models import ModelServer, Reservation, ServerEvent
 from apps.servers.profiles import GIB, RuntimeProfile, runtime_profiles
 from modelforge.dispatch import send_on_commit
 from modelforge.errors import ApiError
+from modelforge.errors import codes as errors
 
 
 def gib(value: float) -> str:
@@ -539,7 +540,7 @@ def place(request: Request, now: datetime | None = None) -> ModelServer:
     if request.node:
         pinned = Node.objects.filter(name=request.node).values_list("pk", flat=True).first()
         if pinned is None:
-            raise ApiError("VALIDATION_ERROR", f"No node is named {request.node!r}.", 400)
+            raise ApiError(errors.REFERENCE_NOT_FOUND, f"node: no node is named {request.node!r}.", 400)
         only = [pinned]
 
     replicas = _replica_nodes(request.artifact)

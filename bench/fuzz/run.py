@@ -8,7 +8,9 @@ fuzzing, stateful), against a running server; prints the cases run and the failu
 The checks are schemathesis's own (status codes, content types, bodies and headers against the schema,
 schema-valid input accepted and invalid input refused, stateful use-after-free and availability) and the
 platform's error contract (tests/contract_checks.py: the envelope, the exact plain 500, no 500 at all).
-Exit status 1 when a contract check or a response-conformance check failed.
+A schema-valid request may be refused only for a reason its operation documents for what is stored (a
+taken name, a row that does not exist: x-modelforge-state-refusals, tests/contract_checks.py). Exit
+status 1 when a contract check, a response-conformance check or that one failed.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 PHASES = ("examples", "coverage", "fuzzing", "stateful")
-# A failure of these makes the exit status 1: the contract, and answers the schema does not describe.
+# A failure of these makes the exit status 1: the contract, answers the schema does not describe, and a
+# schema-valid request refused for a reason its operation does not document (2026-12-07, issue 47).
 GATING = {
+    "positive_data_acceptance_documented",
     "error_envelope",
     "plain_internal_server_error",
     "no_internal_server_error",
@@ -53,6 +57,18 @@ def wait_for(url: str, seconds: float) -> None:
             time.sleep(0.5)
 
 
+def envelope_code(response: Any) -> str:
+    """The error envelope's code of an answer, or ''."""
+    import json
+
+    if response is None or response.status_code < 400:
+        return ""
+    try:
+        return str(json.loads(response.content or b"{}").get("code", ""))
+    except (ValueError, AttributeError):
+        return ""
+
+
 def operator_key(args: argparse.Namespace) -> str:
     if args.key_file:
         return Path(args.key_file).read_text().strip()
@@ -71,7 +87,7 @@ def config_for(args: argparse.Namespace, url: str, key: str) -> Any:
     # row that does not exist) would end the stateful phase within a few dozen steps, so there it checks
     # the answers and the contract only; the other phases report acceptance and rejection.
     phases["stateful"]["checks"] = {
-        "positive_data_acceptance": {"enabled": False},
+        "positive_data_acceptance_documented": {"enabled": False},
         "negative_data_rejection": {"enabled": False},
     }
     return schemathesis.Config.from_dict(
@@ -92,6 +108,10 @@ def config_for(args: argparse.Namespace, url: str, key: str) -> Any:
                 # Documented 5xx answers are not server errors: 502 NOTIFICATION_FAILED (the channel's
                 # target), 503 (a store or capacity away). A 500 is caught by no_internal_server_error.
                 "not_a_server_error": {"expected-statuses": ["2xx", "3xx", "4xx", "502", "503"]},
+                # Replaced by tests.contract_checks.positive_data_acceptance_documented: the same check,
+                # which also passes a refusal the operation documents for what is stored (a taken name,
+                # a row that does not exist: x-modelforge-state-refusals), and only that.
+                "positive_data_acceptance": {"enabled": False},
             },
         }
     )
@@ -101,7 +121,8 @@ def run(url: str, key: str, args: argparse.Namespace) -> int:
     import schemathesis
     from schemathesis.engine import Status, events, from_schema
 
-    import tests.contract_checks  # noqa: F401 -- registers the contract checks for every case
+    # Importing it registers the contract checks for every case.
+    from tests.contract_checks import documented_state_refusal
 
     config = config_for(args, url, key)
     schema = schemathesis.openapi.from_url(
@@ -112,6 +133,8 @@ def run(url: str, key: str, args: argparse.Namespace) -> int:
     statuses: Counter[int] = Counter()
     cases: Counter[str] = Counter()
     failures: dict[tuple[str, str, str], tuple[int, str]] = {}
+    # Schema-valid requests refused for a reason their operation documents (x-modelforge-state-refusals).
+    documented: Counter[str] = Counter()
     errors: list[str] = []
     started = time.monotonic()
     for event in from_schema(schema).execute():
@@ -124,14 +147,25 @@ def run(url: str, key: str, args: argparse.Namespace) -> int:
             for case_id, nodes in recorder.checks.items():
                 for node in nodes:
                     checks[node.name][node.status.value] += 1
+                    if node.name == "positive_data_acceptance_documented" and node.status == Status.SUCCESS:
+                        case = recorder.cases[case_id].value
+                        answer = recorder.find_response(case_id=case_id)
+                        if case.meta and case.meta.generation.mode.is_positive and answer is not None:
+                            code = documented_state_refusal(case, answer)
+                            if code:
+                                documented[f"{answer.status_code} {code}"] += 1
                     if node.status == Status.FAILURE and node.failure_info is not None:
                         failure = node.failure_info.failure
                         title = (failure.title or "").strip()
-                        key_ = (node.name, recorder.label, title)
+                        response = recorder.find_response(case_id=case_id)
+                        # One line per refusal code: a documented one next to an undocumented one shows.
+                        code = envelope_code(response)
+                        key_ = (node.name, recorder.label, f"{title} ({code})" if code else title)
                         if key_ not in failures:
-                            response = recorder.find_response(case_id=case_id)
                             status = response.status_code if response is not None else 0
                             detail = " ".join(failure.message.split())[:300]
+                            if response is not None and status >= 400:
+                                detail = f"{(response.content or b'')[:300]!r} {detail}"
                             failures[key_] = (status, f"{detail}\n      {node.failure_info.code_sample}")
         elif isinstance(event, events.NonFatalError):
             errors.append(f"{event.label}: {type(event.value).__name__}: {str(event.value)[:200]}")
@@ -146,6 +180,11 @@ def run(url: str, key: str, args: argparse.Namespace) -> int:
     print(f"\n{'check':34} {'passed':>8} {'failed':>8}")
     for name in sorted(checks):
         print(f"{name:34} {checks[name]['success']:>8} {checks[name]['failure']:>8}")
+    if documented:
+        print(
+            "\nschema-valid requests refused for a documented reason: "
+            + ", ".join(f"{code}: {n}" for code, n in sorted(documented.items()))
+        )
     if failures:
         print("\ndistinct failures (check | operation | status | what):")
         for (check, label, title), (status, sample) in sorted(failures.items()):

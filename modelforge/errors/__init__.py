@@ -93,6 +93,36 @@ _DRF_CODES: list[tuple[type[Exception], str]] = [
 ]
 
 
+# DRF's codes of the refusals that depend on what is stored or on the clock, not on the request's shape
+# (codes.NAME_TAKEN and its neighbours), in order of precedence: a body that names a missing row and a
+# taken name is answered for the missing row. A ValidationError is answered with one of these only when
+# every error in it is of that kind; any other error makes it a VALIDATION_ERROR, as before.
+STATE_REFUSALS: list[tuple[str, str, int]] = [
+    ("does_not_exist", codes.REFERENCE_NOT_FOUND, 400),
+    ("unique", codes.NAME_TAKEN, 409),
+    (codes.EXPIRY_IN_PAST, codes.EXPIRY_IN_PAST, 400),
+    (codes.CONFLICTS_WITH_STORED, codes.CONFLICTS_WITH_STORED, 409),
+]
+
+
+def _leaf_codes(codes_: Any) -> list[str]:
+    if isinstance(codes_, dict):
+        return [code for value in codes_.values() for code in _leaf_codes(value)]
+    if isinstance(codes_, list):
+        return [code for value in codes_ for code in _leaf_codes(value)]
+    return [str(codes_)]
+
+
+def state_refusal(exc: drf_exceptions.ValidationError) -> tuple[str, int] | None:
+    """The envelope's code and status for a ValidationError whose every error is a refusal for what is
+    stored (STATE_REFUSALS); None for any other."""
+    leaves = set(_leaf_codes(exc.get_codes()))
+    known = {drf_code for drf_code, _, _ in STATE_REFUSALS}
+    if not leaves or not leaves <= known:
+        return None
+    return next((code, status) for drf_code, code, status in STATE_REFUSALS if drf_code in leaves)
+
+
 def drf_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpResponse | None:
     """DRF's ``EXCEPTION_HANDLER``: render every API error as the envelope."""
     if isinstance(exc, ApiError):
@@ -114,6 +144,8 @@ def drf_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpRespon
         codes.BY_STATUS.get(response.status_code, codes.BAD_REQUEST),
     )
     detail = exc.detail if isinstance(exc, drf_exceptions.APIException) else str(exc)
+    if isinstance(exc, drf_exceptions.ValidationError) and (refusal := state_refusal(exc)):
+        return envelope_response(refusal[0], describe_validation(detail), refusal[1])
     if isinstance(exc, drf_exceptions.ValidationError):
         message = "Invalid input: " + describe_validation(detail)
     else:

@@ -28,6 +28,16 @@ RATE_LIMITED = "RATE_LIMITED"
 SERVICE_UNAVAILABLE = "SERVICE_UNAVAILABLE"
 CSRF_FAILED = "CSRF_FAILED"
 
+# --- A well-formed request refused for what is stored (or for the clock), not for its shape -----------
+# Named apart from VALIDATION_ERROR so that a client, and bench/fuzz, can tell the two apart; each
+# operation that can answer one lists it in the OpenAPI document (modelforge.openapi.STATE_REFUSALS).
+NAME_TAKEN = "NAME_TAKEN"  # 409: another row already has this name (or this project, this key)
+REFERENCE_NOT_FOUND = "REFERENCE_NOT_FOUND"  # 400: a row the body or the query names does not exist
+EXPIRY_IN_PAST = "EXPIRY_IN_PAST"  # 400: an expiry that is not in the future
+# 409: a partial change that does not suit the values stored with it (a channel's new target judged by its
+# stored kind); the same values sent together are judged, and documented, as the body's shape
+CONFLICTS_WITH_STORED = "CONFLICTS_WITH_STORED"
+
 # --- Authentication throttling (modelforge.auththrottle; the log-in page's lockout, django-axes) ----
 TOO_MANY_AUTH_FAILURES = "TOO_MANY_AUTH_FAILURES"
 LOGIN_LOCKED_OUT = "LOGIN_LOCKED_OUT"

@@ -10,6 +10,7 @@ from rest_framework import serializers
 
 from apps.alerts.choices import ChannelKind
 from apps.alerts.models import Alert, Notification, NotificationChannel
+from modelforge.errors import codes
 from modelforge.validators import PrintableText
 
 
@@ -77,6 +78,9 @@ class NotificationChannelSerializer(PrintableText, serializers.ModelSerializer):
         + [{"not": {"required": ["kind"]}}]
     }
 
+    # A PATCH's kind, target or secret alone is judged with the stored others (validate()).
+    openapi_partial_state_refusals: ClassVar[dict[str, int]] = {codes.CONFLICTS_WITH_STORED: 409}
+
     secret = serializers.CharField(max_length=200, required=False, allow_blank=True, write_only=True)
     has_secret = serializers.SerializerMethodField()
 
@@ -105,31 +109,43 @@ class NotificationChannelSerializer(PrintableText, serializers.ModelSerializer):
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         kind = attrs.get("kind", getattr(self.instance, "kind", None))
         target = str(attrs.get("target", getattr(self.instance, "target", ""))).strip()
+        # Judged with a stored value (a PATCH of the kind or the target alone): CONFLICTS_WITH_STORED, a
+        # refusal for what is stored that the schema documents; the two sent together are the body's shape.
+        stored = self.instance is not None and not {"kind", "target"} <= attrs.keys()
+        refused = codes.CONFLICTS_WITH_STORED if stored else "invalid"
         if kind == ChannelKind.WEBHOOK:
             parts = urlsplit(target)
             if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise serializers.ValidationError({"target": ["A webhook needs an http:// or https:// URL."]})
+                raise serializers.ValidationError(
+                    {"target": ["A webhook needs an http:// or https:// URL."]}, code=refused
+                )
             try:
                 httpx.URL(
                     target
                 )  # what delivery sends to: httpx refuses a host that is not a valid IDNA name
             except httpx.InvalidURL as exc:
                 raise serializers.ValidationError(
-                    {"target": [f"Not a URL a webhook can be sent to: {exc}."]}
+                    {"target": [f"Not a URL a webhook can be sent to: {exc}."]}, code=refused
                 ) from None
         elif kind == ChannelKind.EMAIL:
             addresses = [a.strip() for a in target.split(",") if a.strip()]
             if not addresses:
-                raise serializers.ValidationError({"target": ["Give at least one e-mail address."]})
+                raise serializers.ValidationError(
+                    {"target": ["Give at least one e-mail address."]}, code=refused
+                )
             for address in addresses:
                 try:
                     validate_email(address)
                 except DjangoValidationError:
                     raise serializers.ValidationError(
-                        {"target": [f"{address!r} is not an e-mail address."]}
+                        {"target": [f"{address!r} is not an e-mail address."]}, code=refused
                     ) from None
             if attrs.get("secret"):
-                raise serializers.ValidationError({"secret": ["Only webhooks are signed."]})
+                stored_kind = self.instance is not None and "kind" not in attrs
+                raise serializers.ValidationError(
+                    {"secret": ["Only webhooks are signed."]},
+                    code=codes.CONFLICTS_WITH_STORED if stored_kind else "invalid",
+                )
         if "target" in attrs:
             attrs["target"] = target
         return attrs

@@ -29,6 +29,9 @@ class Sha256MapField(serializers.JSONField):
 
 
 class ArtifactSerializer(PrintableText, serializers.ModelSerializer):
+    # validate(): a local source is read only under MODELFORGE_ARTIFACT_LOCAL_ROOTS, configuration no
+    # schema can state (modelforge.autoschema).
+    openapi_state_refusals: ClassVar[dict[str, int]] = {codes.LOCAL_SOURCE_NOT_ALLOWED: 400}
     events = ArtifactEventSerializer(many=True, read_only=True)
     expected_sha256 = Sha256MapField(required=False)
 

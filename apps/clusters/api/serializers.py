@@ -22,6 +22,7 @@ from apps.clusters.models import (
     RoutingTier,
 )
 from apps.servers.models import ModelServer
+from modelforge.errors import codes
 from modelforge.validators import PrintableText
 
 # Capabilities are matched exactly, so they are written exactly: no spaces, lower case, @version. A
@@ -166,6 +167,8 @@ class ProjectLimitsSerializer(PrintableText, serializers.ModelSerializer):
     """A project's default limits: each applies to every credential of the project that leaves that limit
     empty. Each a whole number from 1, or null (no default)."""
 
+    trimmed_fields = ("project",)  # validate_project
+
     project = serializers.CharField(
         max_length=63,
         trim_whitespace=False,
@@ -211,6 +214,8 @@ class CredentialUseSerializer(serializers.Serializer):
 
 
 class ClientCredentialSerializer(PrintableText, serializers.ModelSerializer):
+    # validate_expires_at: the clock, which no schema can state (modelforge.autoschema).
+    openapi_state_refusals: ClassVar[dict[str, int]] = {codes.EXPIRY_IN_PAST: 400}
     scopes = serializers.ListField(
         child=serializers.CharField(max_length=80, validators=[exact_capability], trim_whitespace=False),
         allow_empty=False,
@@ -240,7 +245,7 @@ class ClientCredentialSerializer(PrintableText, serializers.ModelSerializer):
         # Minted already expired, it would be refused at its first use with nothing to say it never worked.
         if value is not None and value <= timezone.now():
             raise serializers.ValidationError(
-                "Give a time in the future: a credential is not minted expired."
+                "Give a time in the future: a credential is not minted expired.", code=codes.EXPIRY_IN_PAST
             )
         return value
 

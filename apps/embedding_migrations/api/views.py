@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -27,6 +27,7 @@ from apps.embedding_migrations.api.serializers import (
 )
 from apps.embedding_migrations.filtersets import CutoverFilterSet
 from apps.embedding_migrations.models import ConsumerAlias, Cutover, EmbeddingSpace, VectorStore
+from modelforge.autoschema import STATE_REFUSALS
 from modelforge.errors import ApiError
 
 
@@ -63,6 +64,8 @@ class EmbeddingSpaceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vi
         return Response(EmbeddingSpaceSerializer(space).data, status=status.HTTP_201_CREATED)
 
 
+# perform_create: the store at the DSN must answer, which no schema can state (modelforge.autoschema).
+@extend_schema_view(create=extend_schema(extensions={STATE_REFUSALS: {codes.STORE_UNAVAILABLE: 400}}))
 class VectorStoreViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,

@@ -111,7 +111,7 @@ def test_bad_project_defaults_are_refused_by_name(operator_client, body, field):
 def test_a_project_has_one_set_of_defaults(operator_client):
     assert operator_client.post(URL, {"project": "shop"}, format="json").status_code == 201
     again = operator_client.post(URL, {"project": "shop", "max_concurrent": 1}, format="json")
-    assert again.status_code == 400 and again.json()["code"] == "VALIDATION_ERROR"
+    assert again.status_code == 409 and again.json()["code"] == "NAME_TAKEN"
     assert "default limits already" in again.json()["message"]
     assert ProjectLimits.objects.count() == 1
 

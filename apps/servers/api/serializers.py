@@ -6,22 +6,30 @@ from typing import Any, ClassVar
 from django.db import transaction
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.validators import UniqueValidator
 
 from apps.artifacts.models import Artifact
 from apps.nodes.api.serializers import StrictSerializer
 from apps.nodes.engine_signals import engine_view
-from apps.servers import recovery
+from apps.servers import codes, recovery
 from apps.servers.choices import RestartPolicy
 from apps.servers.models import ModelServer, ServerEvent
 from apps.servers.scheduler import Request as PlaceRequest
 from apps.servers.scheduler import place
 from apps.servers.usage import used_by
+from modelforge.errors import codes as errors
 from modelforge.validators import PrintableText
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 
 
 class PlaceRequestSerializer(PrintableText):
+    # What the scheduler refuses for what is configured or stored (modelforge.autoschema): a profile that
+    # is not configured, a node pinned by a name no node has.
+    openapi_state_refusals: ClassVar[dict[str, int]] = {
+        codes.UNKNOWN_RUNTIME_PROFILE: 400,
+        errors.REFERENCE_NOT_FOUND: 400,
+    }
     # A model name or an artifact (validate() below).
     openapi_rules: ClassVar[dict[str, Any]] = {
         "anyOf": [
@@ -30,7 +38,13 @@ class PlaceRequestSerializer(PrintableText):
         ]
     }
 
-    name = serializers.RegexField(NAME, max_length=63)
+    name = serializers.RegexField(
+        NAME,
+        max_length=63,
+        validators=[
+            UniqueValidator(ModelServer.objects.all(), message="A model server with this name exists.")
+        ],
+    )
     profile = serializers.CharField(max_length=63)
     model = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$", max_length=255, required=False)
     gpus = serializers.IntegerField(min_value=0, max_value=64, default=0)
@@ -54,11 +68,6 @@ class PlaceRequestSerializer(PrintableText):
             raise serializers.ValidationError({"model": ["Give a model name or an artifact."]})
         attrs.setdefault("model", "")
         return attrs
-
-    def validate_name(self, value: str) -> str:
-        if ModelServer.objects.filter(name=value).exists():
-            raise serializers.ValidationError("A model server with this name exists.")
-        return value
 
     def place(self) -> ModelServer:
         """Place the server from the validated data (or raise the scheduler's refusal). The scheduler's

@@ -260,7 +260,8 @@ def test_the_api_places_and_refuses_with_the_envelope(operator_client):
     listed = operator_client.get("/api/v1/servers?state=starting&node=rig").json()
     assert [s["name"] for s in listed["results"]] == ["api-srv"]
     duplicate = operator_client.post("/api/v1/servers", body, format="json")
-    assert duplicate.status_code == 400 and "name" in duplicate.json()["message"]
+    assert duplicate.status_code == 409 and duplicate.json()["code"] == "NAME_TAKEN"
+    assert "name" in duplicate.json()["message"]
 
 
 def test_a_server_of_an_artifact_takes_its_name_size_and_encryption(settings):
