@@ -431,10 +431,10 @@ def test_each_automatic_restart_the_scheduler_refuses_counts_until_they_are_exha
     settings.SERVER_RESTART_MAX_ATTEMPTS = 5
     node = cpu_node("cpu-a", available_gib=8)
     server = failed()
-    ran_from = server.stopped_at - timedelta(hours=1)
-    ModelServer.objects.filter(pk=server.pk).update(running_at=ran_from)
-    node.set_enabled(False, by="test")  # every placement refused: NO_ELIGIBLE_NODE
+    assert server.stopped_at is not None
     now = server.stopped_at
+    ModelServer.objects.filter(pk=server.pk).update(running_at=now - timedelta(hours=1))
+    node.set_enabled(False, by="test")  # every placement refused: NO_ELIGIBLE_NODE
     for _ in range(6):
         now += timedelta(seconds=settings.SERVER_RESTART_BACKOFF_MAX + 1)
         recovery.recover(now)
