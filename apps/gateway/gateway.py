@@ -340,18 +340,21 @@ class Gateway:
             if elsewhere is not None:
                 raise Refusal(401, codes.CAPABILITY_NOT_AUTHORIZED, elsewhere, UNAUTHORIZED_HEADERS)
             detached, only = detached_clusters(table, capability, grant.project)
+            # "cluster 'pair' (tier 0) has" / "clusters 'a' (tier 0), 'b' (tier 1) have"
+            named = (
+                f"cluster {detached[0]} has" if len(detached) == 1 else f"clusters {', '.join(detached)} have"
+            )
             if only:
                 # Its tiers bind only clusters with every server detached (a membership change under way):
                 # no node is at fault, and saying so sends the operator to the cluster, not the nodes.
                 raise Refusal(
                     503,
                     codes.CLUSTER_DETACHED,
-                    f"No running backend serves {capability!r} for this credential: cluster "
-                    f"{', cluster '.join(detached)} has no server attached. Attach its members' servers "
-                    "(Clusters, the cluster's Members card).",
+                    f"No running backend serves {capability!r} for this credential: {named} no server "
+                    "attached. Attach its members' servers (Clusters, the cluster's Members card).",
                     {"retry-after": "5"},
                 )
-            also = f" Cluster {', cluster '.join(detached)} has no server attached." if detached else ""
+            also = f" {named[0].upper()}{named[1:]} no server attached." if detached else ""
             raise Refusal(
                 503,
                 codes.NO_ELIGIBLE_NODE,
