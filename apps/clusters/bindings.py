@@ -103,6 +103,9 @@ class Binding:
     cluster: str | None
     algorithm: str
     backends: tuple[Backend, ...]
+    # Members with a server attached (running or not); a standalone server's binding: 1. Read only by the
+    # gateway's refusal, to say "detached" rather than "no node runs one".
+    attached: int = 1
 
 
 def read_bindings() -> tuple[dict[str, list[Binding]], dict[str, str]]:
@@ -151,12 +154,15 @@ def read_bindings() -> tuple[dict[str, list[Binding]], dict[str, str]]:
                 if m.server_id in running
             ]
             name, algorithm = tier.cluster.name, tier.cluster.algorithm
+            attached = len(members.get(tier.cluster.pk, []))
         else:
             assert tier.server is not None
             found = [backend(tier.server, tier.server.name, tier.weight)]
-            name, algorithm = None, Algorithm.WEIGHTED_ROUND_ROBIN
+            name, algorithm, attached = None, Algorithm.WEIGHTED_ROUND_ROBIN, 1
         bindings.setdefault(tier.capability.name, []).append(
-            Binding(tier.tier, tier.project, name, algorithm, tuple(b for b in found if b is not None))
+            Binding(
+                tier.tier, tier.project, name, algorithm, tuple(b for b in found if b is not None), attached
+            )
         )
     # A capability that follows another is served by its backends; a cutover moves both in one write.
     follows = dict(Capability.objects.filter(follows__isnull=False).values_list("name", "follows__name"))

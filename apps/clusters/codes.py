@@ -12,6 +12,9 @@ ENDPOINT_NOT_SERVED = "ENDPOINT_NOT_SERVED"
 # Every backend the control plane lists for the capability fails its health probe (apps/gateway/probe.py):
 # 503 with Retry-After, at once, rather than a request held by a backend that does not answer.
 NO_HEALTHY_BACKEND = "NO_HEALTHY_BACKEND"
+# Every tier the capability has for the credential binds a cluster with no server attached (detached for
+# a membership change): 503 with Retry-After, naming the clusters, rather than NO_ELIGIBLE_NODE.
+CLUSTER_DETACHED = "CLUSTER_DETACHED"
 
 # Alert: a capability with routing tiers but no running backend (critical); cleared when one runs.
 ALERT_CAPABILITY_UNSERVED = "CAPABILITY_UNSERVED"

@@ -20,6 +20,7 @@ class GatewayConfig(AppConfig):
         from django.db.models.signals import post_delete, post_save
 
         from apps.clusters import loadbalancer as card
+        from apps.clusters.models import ClusterMember
         from apps.gateway import (
             checks,  # noqa: F401 -- registers the configuration check (gateway.E001)
             contributions,
@@ -34,6 +35,9 @@ class GatewayConfig(AppConfig):
         post_save.connect(routing.routing_changed, dispatch_uid="gateway.routing_changed.save")
         post_delete.connect(routing.routing_changed, dispatch_uid="gateway.routing_changed.delete")
         server_state_changed.connect(routing.server_state_changed, dispatch_uid="gateway.server_state")
+        # A cluster's membership changed: its load-balancer card's shares start again from now.
+        post_save.connect(_shape_changed, sender=ClusterMember, dispatch_uid="gateway.shape.save")
+        post_delete.connect(_shape_changed, sender=ClusterMember, dispatch_uid="gateway.shape.delete")
         # Nodes heard again after the control plane itself was away: their servers are routable now.
         listening_restarted.connect(routing.server_state_changed, dispatch_uid="gateway.listening")
         # Each web worker's routing refresher, started before it serves: its first request finds a table.
@@ -49,6 +53,12 @@ def _start_refresher(**kwargs: Any) -> None:
     from apps.gateway.routing import router
 
     router.start()
+
+
+def _shape_changed(instance: Any, **kwargs: Any) -> None:
+    from apps.gateway.lbstate import shape_changed  # (imported on first use: see _card)
+
+    shape_changed(instance.cluster_id)
 
 
 def _queue_depths() -> dict[str, int] | None:

@@ -33,7 +33,16 @@ from apps.gateway.affinity import (
 )
 from apps.gateway.lbstate import shared
 from apps.gateway.limits import LimitReached, limiter
-from apps.gateway.routing import NOT_KNOWN, Backend, Grant, Table, authorize, not_bound_for, router
+from apps.gateway.routing import (
+    NOT_KNOWN,
+    Backend,
+    Grant,
+    Table,
+    authorize,
+    detached_clusters,
+    not_bound_for,
+    router,
+)
 from apps.gateway.shapes import ShapeError, TooDeep, checked
 from apps.gateway.upstream import ConnectFailed, Upstream, UpstreamError, UpstreamTimeout
 from apps.gateway.usage import asking_for_usage, usage_event, usage_in
@@ -330,11 +339,27 @@ class Gateway:
             elsewhere = not_bound_for(table, capability, grant.project)
             if elsewhere is not None:
                 raise Refusal(401, codes.CAPABILITY_NOT_AUTHORIZED, elsewhere, UNAUTHORIZED_HEADERS)
+            detached, only = detached_clusters(table, capability, grant.project)
+            # "cluster 'pair' (tier 0) has" / "clusters 'a' (tier 0), 'b' (tier 1) have"
+            named = (
+                f"cluster {detached[0]} has" if len(detached) == 1 else f"clusters {', '.join(detached)} have"
+            )
+            if only:
+                # Its tiers bind only clusters with every server detached (a membership change under way):
+                # no node is at fault, and saying so sends the operator to the cluster, not the nodes.
+                raise Refusal(
+                    503,
+                    codes.CLUSTER_DETACHED,
+                    f"No running backend serves {capability!r} for this credential: {named} no server "
+                    "attached. Attach its members' servers (Clusters, the cluster's Members card).",
+                    {"retry-after": "5"},
+                )
+            also = f" {named[0].upper()}{named[1:]} no server attached." if detached else ""
             raise Refusal(
                 503,
                 codes.NO_ELIGIBLE_NODE,
                 f"No running backend serves {capability!r} for this credential: no online, enabled node "
-                "runs one. See the capability's routing tiers and its servers.",
+                f"runs one. See the capability's routing tiers and its servers.{also}",
                 {"retry-after": "5"},
             )
         raise Refusal(

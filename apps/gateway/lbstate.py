@@ -66,6 +66,10 @@ ENGINE_REQUEST_TOKENS = 512
 # hash capability -> requests waiting in the admission queue, per process (apps/gateway/admission.py)
 QUEUED_KEY = "modelforge:lb:queued:{process}"
 PROCESSES_KEY = "modelforge:lb:processes"  # sorted set of live processes by last flush
+# json {bucket, served, failed}: a cluster's traffic minute and its counts when its membership last changed
+# (a member's server attached or detached, a member added, edited or removed). See ``shape_changed``.
+SHAPE_KEY = "modelforge:lb:shape:{cluster}"
+SHAPE_TTL_S = 3600  # longer than any window the card reads: an older change no longer matters
 PROCESS_TTL_S = 5.0
 
 ALERT_SIN_BIN_CHURN = "lb_sin_bin_churn"
@@ -490,8 +494,31 @@ class Window:
     affinity_hits: Counter[str] = field(default_factory=Counter)
 
 
-def read_window(minutes: int = 5) -> Window:
-    """For the API and dashboard: the bench list and the last ``minutes`` of traffic, errors, capacity."""
+def shape_changed(cluster: int) -> None:
+    """Mark now as the start of ``cluster``'s current shape, for its card's window (``read_window``).
+
+    The card's window is per-minute buckets summed over the routers; a backend's counts do not say which
+    shape of its cluster they were served under. So the change keeps the minute it happened in and that
+    minute's counts so far: the window of the cluster then starts there, less those counts, and the shares
+    are of the current shape's traffic only (a 50/50 cluster re-weighted from 75/25 showed 68 % / 32 %
+    while the old requests were in the window, issue 48). What a router had served but not yet flushed
+    (about a second) counts as the new shape's. Best effort: Redis away, the window holds both shapes."""
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
+    bucket = int(time.time() // TRAFFIC_BUCKET_S)
+    try:
+        served, failed = _bucket_counts(client, bucket)
+        client.set(
+            SHAPE_KEY.format(cluster=cluster),
+            json.dumps({"bucket": bucket, "served": served, "failed": failed}),
+            ex=SHAPE_TTL_S,
+        )
+    except (redis.RedisError, OSError) as exc:
+        logger.warning("cluster %s's shape change not marked for its card (%s)", cluster, type(exc).__name__)
+
+
+def read_window(minutes: int = 5, cluster: int | None = None) -> Window:
+    """For the API and dashboard: the bench list and the last ``minutes`` of traffic, errors, capacity;
+    for ``cluster``, only since its membership last changed (``shape_changed``)."""
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
     now = time.time()
     bucket = int(now // TRAFFIC_BUCKET_S)
@@ -505,8 +532,19 @@ def read_window(minutes: int = 5) -> Window:
             (k.decode() if isinstance(k, bytes) else k): Bench(**json.loads(v))
             for k, v in client.hgetall(BENCH_KEY).items()
         }
-        for b in range(bucket - minutes + 1, bucket + 1):
+        first = bucket - minutes + 1
+        shape = client.get(SHAPE_KEY.format(cluster=cluster)) if cluster is not None else None
+        since = json.loads(shape) if shape else None
+        if since is not None:
+            first = max(first, since["bucket"])
+        for b in range(first, bucket + 1):
             served, failed = _bucket_counts(client, b)
+            if since is not None and b == since["bucket"]:
+                # The minute of the change: what was counted before it is the old shape's. (Capacity
+                # answers and affinity counts of that minute are kept whole: they name no share.)
+                served.subtract(since["served"])
+                failed.subtract(since["failed"])
+                served, failed = +served, +failed
             traffic.update(served)
             errors.update(failed)
             for k, v in client.hgetall(BUSY_KEY.format(bucket=b)).items():

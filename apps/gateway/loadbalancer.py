@@ -52,7 +52,9 @@ class MemberShare:
 
 
 def cluster_report(cluster: Cluster) -> dict[str, Any]:
-    window = read_window(WINDOW_MINUTES)
+    # Only the current shape's traffic: the window starts when the membership last changed (a server
+    # attached or detached, a member added, edited or removed), else old weights' requests skew the shares.
+    window = read_window(WINDOW_MINUTES, cluster=cluster.pk)
     benched, traffic, errors, busy = window.benched, window.traffic, window.errors, window.busy
     verdicts = read_verdicts() or {}
     flying = read_in_flight() if window.redis_ok else None

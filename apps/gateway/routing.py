@@ -521,5 +521,16 @@ def not_bound_for(table: Table, capability: str, project: str) -> str | None:
     )
 
 
+def detached_clusters(table: Table, capability: str, project: str) -> tuple[list[str], bool]:
+    """The clusters bound to ``capability`` for ``project`` with no server attached (``'name' (tier n)``),
+    and whether they are all it is bound to. Asked only when no backend was found (the refusal's message),
+    so the data path pays nothing for it."""
+    bindings = [b for b in table.bindings.get(capability, []) if b.project in ("", project)]
+    detached = [
+        f"{b.cluster!r} (tier {b.tier})" for b in bindings if b.cluster is not None and not b.attached
+    ]
+    return detached, bool(detached) and len(detached) == len(bindings)
+
+
 router = Router()
 os.register_at_fork(after_in_child=router._forget_after_fork)

@@ -109,8 +109,11 @@ def recover(now: datetime | None = None) -> dict[str, int]:
         if due is None or due > now:
             continue
         attempt = server.restart_attempts + 1
+        # The attempt ends the run judged above (as a placement does): kept, a refused attempt's
+        # ``stopped_at`` (now) less the old ``running_at`` would read as a healthy run at the next sweep and
+        # reset the count, so refusals never used the attempts up (issue 48: six left it at 1).
         ModelServer.objects.filter(pk=server.pk, state=ServerState.FAILED).update(
-            restart_attempts=attempt, stopped_at=now
+            restart_attempts=attempt, stopped_at=now, running_at=None
         )
         same_node = server.node is not None and server.node.is_assignable(now)
         why = (

@@ -15,6 +15,7 @@ import pytest
 from django.utils import timezone
 from openai import OpenAI
 
+from apps.clusters import services
 from apps.clusters.models import ClientCredential
 from apps.clusters.tests.factories import (
     bind,
@@ -255,3 +256,27 @@ def test_backend_errors_reach_the_client_as_the_envelope(live_web, routed):
         rejected.json()["code"] == "UPSTREAM_REJECTED"
         and "asked to fail with 422" in rejected.json()["message"]
     )
+
+
+def test_a_tier_whose_cluster_has_no_server_attached_is_refused_naming_the_cluster(live_web, routed):
+    # Issue 48: detached for a membership change, the cluster was refused as NO_ELIGIBLE_NODE, "no online,
+    # enabled node runs one", which sends the operator to the nodes.
+    key = credential(["rag.embedding@1"])
+    wait_for_route(live_web, key)
+    for member in routed.members.all():
+        services.detach(member)
+
+    def embed() -> httpx.Response:
+        return httpx.post(
+            live_web.url + "/v1/embeddings",
+            json={"model": "rag.embedding@1", "input": "x"},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=10,
+        )
+
+    assert wait_until(lambda: embed().status_code == 503, 15)
+    response = embed()
+    assert (response.status_code, response.headers["retry-after"]) == (503, "5")
+    body = response.json()
+    assert body["code"] == "CLUSTER_DETACHED", body
+    assert "cluster 'pair' (tier 0) has no server attached" in body["message"]

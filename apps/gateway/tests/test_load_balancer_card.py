@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 import redis
+import time_machine
 from django.conf import settings
 from django.contrib.auth.models import User
 
@@ -239,3 +240,43 @@ def test_the_card_shows_the_admission_queue_and_each_limited_backends_in_flight(
     finally:
         redis_client.delete(*keys)
         redis_client.zrem(PROCESSES_KEY, *processes)
+
+
+def test_after_a_membership_change_the_shares_count_only_the_current_shapes_traffic(operator_client, store):
+    # Issue 48: re-weighted from 3:1 to 1:1 (detach, edit, attach), the card kept the old weights' requests
+    # in its window and showed 67 % / 33 % with a drift badge for a cluster serving 50/50.
+    client, bucket = store
+    # The change's minute and the report's window are read from the clock: held inside the fixture's minute,
+    # so a test that runs across a minute's end still writes and reads the same bucket.
+    with time_machine.travel(bucket * TRAFFIC_BUCKET_S + TRAFFIC_BUCKET_S / 2, tick=False):
+        node = loopback_node()
+        a, b = (running_server(node, n, 9200 + i) for i, n in enumerate(("a", "b")))
+        cluster = cluster_with("pair", [(a, 3), (b, 1)])
+        bind("chat.general@1", cluster=cluster)
+        # The old shape's traffic, as the routers flushed it: a minute ago and in this minute so far.
+        client.hset(TRAFFIC_KEY.format(bucket=bucket - 1), mapping={str(a.pk): 75, str(b.pk): 25})
+        client.hset(TRAFFIC_KEY.format(bucket=bucket), mapping={str(a.pk): 75, str(b.pk): 25})
+        assert report(operator_client, cluster)["a"]["actual_share"] == 0.75
+
+        members = {m.name: m for m in cluster.members.all()}
+        for member in members.values():
+            assert operator_client.post(f"/api/v1/cluster-members/{member.pk}/detach").status_code < 300
+        response = operator_client.patch(
+            f"/api/v1/cluster-members/{members['a'].pk}", {"weight": 1}, content_type="application/json"
+        )
+        assert response.status_code == 200, response.content
+        for member, server in ((members["a"], a), (members["b"], b)):
+            response = operator_client.post(
+                f"/api/v1/cluster-members/{member.pk}/attach",
+                {"server": str(server.pk)},
+                content_type="application/json",
+            )
+            assert response.status_code < 300, response.content
+        # The new shape's traffic, 50/50, flushed into the same minute.
+        client.hincrby(TRAFFIC_KEY.format(bucket=bucket), str(a.pk), 60)
+        client.hincrby(TRAFFIC_KEY.format(bucket=bucket), str(b.pk), 60)
+
+        rows = report(operator_client, cluster)
+        assert rows["_"]["requests"] == 120
+        assert (rows["a"]["configured_share"], rows["a"]["actual_share"]) == (0.5, 0.5)
+        assert not rows["a"]["drift"] and not rows["b"]["drift"]

@@ -7,7 +7,7 @@ import pytest
 
 from apps.clusters.models import Algorithm
 from apps.clusters.tests.factories import bind, cluster_with, loopback_node, running_server
-from apps.gateway.routing import Router, build_table
+from apps.gateway.routing import Router, build_table, detached_clusters
 
 pytestmark = pytest.mark.django_db
 
@@ -43,3 +43,21 @@ def test_a_parked_member_gets_no_traffic():
     bind("x.y@1", cluster=cluster_with("parked", [(a, 1), (b, 0)]))
     backends, _, _ = Router().candidates_in(build_table(), "x.y@1", "")
     assert [backend.name for backend in backends] == ["parked/a"]
+
+
+def test_the_clusters_with_no_server_attached_are_named_and_whether_they_are_all_it_is_bound_to():
+    node = loopback_node()
+    a, b = (running_server(node, n, 9000 + i) for i, n in enumerate("ab"))
+    pair = cluster_with("pair", [(a, 1)])
+    bind("x.y@1", cluster=pair)
+    assert detached_clusters(build_table(), "x.y@1", "") == ([], False)
+    pair.members.update(server=None)
+    assert detached_clusters(build_table(), "x.y@1", "") == (["'pair' (tier 0)"], True)
+    # Another tier binds a server that is not running: the refusal stays NO_ELIGIBLE_NODE, naming pair.
+    b.state = "stopped"
+    b.save(update_fields=["state"])
+    bind("x.y@1", server=b, tier=1)
+    assert detached_clusters(build_table(), "x.y@1", "") == (["'pair' (tier 0)"], False)
+    # Another project's detached cluster is not this credential's concern.
+    bind("x.y@1", cluster=cluster_with("theirs", []), project="team-b")
+    assert detached_clusters(build_table(), "x.y@1", "") == (["'pair' (tier 0)"], False)

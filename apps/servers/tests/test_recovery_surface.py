@@ -422,3 +422,24 @@ def test_stop_is_one_rule_the_api_the_dashboard_and_the_admin_apply_alike(operat
         "b": "stop requested by ops",
         "c": "stop requested by root-ops",
     }
+
+
+def test_each_automatic_restart_the_scheduler_refuses_counts_until_they_are_exhausted(settings):
+    # A server that ran for an hour, then failed: its first refused attempt moved ``stopped_at`` to the
+    # attempt, so the run seemed 10 minutes long at the next sweep and the count went back to 0: six
+    # refusals left ``restart_attempts`` at 1 and the policy never gave up (issue 48).
+    settings.SERVER_RESTART_MAX_ATTEMPTS = 5
+    node = cpu_node("cpu-a", available_gib=8)
+    server = failed()
+    assert server.stopped_at is not None
+    now = server.stopped_at
+    ModelServer.objects.filter(pk=server.pk).update(running_at=now - timedelta(hours=1))
+    node.set_enabled(False, by="test")  # every placement refused: NO_ELIGIBLE_NODE
+    for _ in range(6):
+        now += timedelta(seconds=settings.SERVER_RESTART_BACKOFF_MAX + 1)
+        recovery.recover(now)
+    server.refresh_from_db()
+    assert (server.state, server.restart_attempts) == ("failed", 5)
+    assert "restart refused: NO_ELIGIBLE_NODE" in server.failure_message
+    assert recovery.next_restart_at(server) is None
+    assert "Automatic restarts are exhausted (5)" in Alert.objects.get(subject_id=str(server.pk)).message
