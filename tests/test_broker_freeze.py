@@ -22,8 +22,9 @@ import redis
 from django.conf import settings
 
 from apps.backups.models import Backup
+from apps.clusters.tests.factories import credential
 from modelforge.embedded import EmbeddedRedis
-from tests.fixtures import PYTHON, database_url, free_port, process_env, run_command, start_web
+from tests.fixtures import PYTHON, database_url, free_port, process_env, run_command, start_web, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
 
@@ -53,7 +54,16 @@ def test_a_backup_asked_for_while_redis_is_frozen_answers_at_once_and_is_sent_wh
         "MODELFORGE_BACKUP_ROOT": str(tmp_path / "backups"),
         "MODELFORGE_LOG_LEVEL": "INFO",
     }
+    key = credential(["chat.none@1"])  # made first: the web process's first routing table has it
     web = start_web(tmp_path / "web.log", **env)
+    # One call through the gateway starts its once-a-second flush of shared state to Redis, which the
+    # freeze then fails every second (a capability with no server: refused, but routed far enough).
+    httpx.post(
+        web.url + "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": "chat.none@1", "messages": [{"role": "user", "content": "hi"}]},
+        timeout=10,
+    )
     operator = {"Authorization": f"Bearer {settings.OPERATOR_API_KEY}"}
     queue = redis.Redis.from_url(own_redis.url)
 
@@ -73,6 +83,9 @@ def test_a_backup_asked_for_while_redis_is_frozen_answers_at_once_and_is_sent_wh
             # A second operator write while it is still frozen: bounded as well, and no second outage line.
             again = httpx.get(web.url + f"/api/v1/backups/{backup_id}", headers=operator, timeout=2)
             assert again.status_code == 200
+            # The flush meets the frozen Redis (once a second) and says so, once.
+            assert wait_until(lambda: "load-balancer state continues" in web.process.log(), 10)
+            assert httpx.post(web.url + "/api/v1/backups", headers=operator, timeout=2).status_code == 409
         finally:
             os.kill(pid, signal.SIGCONT)
 
@@ -97,5 +110,8 @@ def test_a_backup_asked_for_while_redis_is_frozen_answers_at_once_and_is_sent_wh
         assert log.count("the broker did not answer") == 1, log[-3000:]
         assert log.count("the broker answers again") == 1, log[-3000:]
         assert "never retrieved" not in log, log[-3000:]
+        # The gateway's flush, likewise: once when Redis went away, once when it came back.
+        assert log.count("load-balancer state continues per process") == 1, log[-3000:]
+        assert wait_until(lambda: "load-balancer state is shared again" in web.process.log(), 10)
     finally:
         web.process.stop()
