@@ -11,6 +11,8 @@ So a broker outage delays work, never strands it; every task body claims its row
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Any
 
 from django.db import transaction
@@ -18,23 +20,65 @@ from django.db import transaction
 logger = logging.getLogger("modelforge.dispatch")
 
 
+class _Outage:
+    """This process's view of the broker, so that an outage is logged once when it starts and once when
+    it ends, not once per task (a frozen Redis met by every request would otherwise fill the log)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.since: float | None = None
+        self.unsent = 0
+
+    def failed(self, task: Any, args: tuple[Any, ...], exc: Exception) -> None:
+        with self._lock:
+            first = self.since is None
+            if first:
+                self.since = time.monotonic()
+            self.unsent += 1
+        if first:
+            logger.warning(
+                "the broker did not answer (%s: %s) when sending task %s%s; tasks are not sent until it "
+                "answers again, their rows are kept and the watchdog re-sends them",
+                type(exc).__name__,
+                exc,
+                getattr(task, "name", task),
+                args,
+            )
+        else:
+            logger.debug("task %s%s not sent, the broker is still away", getattr(task, "name", task), args)
+
+    def sent(self) -> None:
+        if self.since is None:  # (read without the lock: the common case, nothing to say)
+            return
+        with self._lock:
+            since, unsent = self.since, self.unsent
+            self.since, self.unsent = None, 0
+        if since is not None:
+            logger.warning(
+                "the broker answers again after %.0f s; %d task(s) not sent meanwhile are re-sent by the "
+                "watchdog",
+                time.monotonic() - since,
+                unsent,
+            )
+
+
+_outage = _Outage()
+
+
 def send(task: Any, *args: Any, countdown: float | None = None, queue: str | None = None) -> bool:
     """Send now; False (logged) when the broker cannot take it. Publishing is not retried here: the
-    watchdog re-sends, and a request must not wait out the broker's connection retries."""
+    watchdog re-sends, and a request must not wait out the broker's connection retries. Every connect
+    and reply is bounded by ``BROKER_TIMEOUT_S`` (the transport's socket timeouts, settings.py), so a
+    broker that is frozen rather than down fails here within that bound too."""
     try:
         if queue:
             task.apply_async(args, countdown=countdown, retry=False, queue=queue)
         else:
             task.apply_async(args, countdown=countdown, retry=False)
     except Exception as exc:  # kombu's OperationalError, a socket error, a Redis error: the broker is away
-        logger.warning(
-            "task %s%s not sent, the broker did not take it (%s: %s); the watchdog re-sends it",
-            getattr(task, "name", task),
-            args,
-            type(exc).__name__,
-            exc,
-        )
+        _outage.failed(task, args, exc)
         return False
+    _outage.sent()
     return True
 
 

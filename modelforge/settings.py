@@ -445,9 +445,15 @@ CUTOVER_QUEUE = read.string("MODELFORGE_CUTOVER_QUEUE", "celery")
 # Redis re-delivers an unacknowledged task after the visibility timeout even while it still runs, so it
 # must be longer than the longest task (a restore or acquisition of hours); the watchdog, not
 # re-delivery, is what recovers work from a killed worker.
+# A broker that holds its connections open and answers nothing (a frozen Redis, a half-open connection)
+# must not hold a request: every connect and every reply is bounded by BROKER_TIMEOUT_S, after which the
+# publish fails like a refused connection and the row is left to the watchdog (modelforge/dispatch.py).
+# kombu recommends socket_timeout for exactly this; without it a publish waits as long as the freeze.
+BROKER_TIMEOUT_S = read.integer("MODELFORGE_BROKER_TIMEOUT_S", 1, minimum=1, maximum=60)
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": WORK_LONG_TASK_BOUND * 2,
-    "socket_connect_timeout": 3,
+    "socket_connect_timeout": BROKER_TIMEOUT_S,
+    "socket_timeout": BROKER_TIMEOUT_S,
 }
 CELERY_BEAT_SCHEDULER = "modelforge.beat:Scheduler"
 # Several beats: one holds a PostgreSQL advisory lock and schedules; the others wait as standbys and try the

@@ -406,7 +406,18 @@ class Pipeline:
             waiter: asyncio.Future[Any] = protocol.loop.create_future()
             protocol.send(command, waiter)
             waiters.append(waiter)
-        replies = [await waiter for waiter in waiters]
+        try:
+            replies = [await waiter for waiter in waiters]
+        except BaseException:
+            # A lost or silent connection fails every waiter together: the first's error is raised, the
+            # others' are taken here, else each is logged as "Future exception was never retrieved" (a
+            # traceback per command of every flush while Redis is frozen).
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.cancel()
+                elif not waiter.cancelled():
+                    waiter.exception()
+            raise
         for reply in replies:
             if isinstance(reply, RespError):
                 raise reply

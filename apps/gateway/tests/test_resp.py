@@ -5,6 +5,7 @@ server failing the calls waiting on it (then a new connection)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import threading
 
@@ -85,6 +86,39 @@ def test_a_silent_or_absent_server_fails_the_waiting_calls_and_a_new_connection_
     silent.close()
     assert outcomes[0].startswith("no reply within") and len(outcomes) == 3
     assert outcomes[2].startswith("cannot connect")
+
+
+def test_a_pipeline_failed_by_a_silent_server_leaves_no_future_unretrieved():
+    """A frozen Redis (SIGSTOPped: it accepts and never answers) failed every reply of a flush's pipeline
+    together, and the flush awaited only the first: the others' errors were logged as "Future exception
+    was never retrieved", a traceback per command per second per process (issue 48: ~2,000 in 30 s)."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)
+    accepted: list[socket.socket] = []  # held open, as a frozen server's connection is
+    threading.Thread(target=lambda: accepted.append(silent.accept()[0]), daemon=True).start()
+    unhandled: list[str] = []
+    outcomes: list[str] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda _, context: unhandled.append(context["message"])
+        )
+        client = LeanRedis(f"redis://127.0.0.1:{silent.getsockname()[1]}/0", timeout=0.2)
+        try:
+            async with client.pipeline() as pipe:
+                pipe.hincrby("t:hash", "a", 1)
+                pipe.expire("t:hash", 60)
+                pipe.hgetall("t:hash")
+                await pipe.execute()
+        except RespUnavailable as exc:
+            outcomes.append(str(exc))
+
+    run_in_own_loop(main)
+    gc.collect()  # an unretrieved future says so when it is collected
+    silent.close()
+    assert [o[: len("no reply within")] for o in outcomes] == ["no reply within"]
+    assert unhandled == []
 
 
 def test_a_fired_command_leaves_with_the_next_one_or_alone_after_its_moment():
