@@ -17,6 +17,8 @@ from typing import Any
 
 from django.db import transaction
 
+from modelforge.errors import ApiError, codes
+
 logger = logging.getLogger("modelforge.dispatch")
 
 
@@ -85,3 +87,22 @@ def send(task: Any, *args: Any, countdown: float | None = None, queue: str | Non
 def send_on_commit(task: Any, *args: Any, countdown: float | None = None, queue: str | None = None) -> None:
     """Send once the surrounding transaction commits (at once outside one)."""
     transaction.on_commit(lambda: send(task, *args, countdown=countdown, queue=queue))
+
+
+def send_or_refuse(task: Any, *args: Any) -> str:
+    """Send now and return the task's id, or refuse with ``503 BROKER_UNREACHABLE``: for work that has no
+    row for the watchdog to re-send (a node ping, a worker probe), so a send the broker did not take would
+    otherwise be lost in silence. Bounded as ``send`` is."""
+    try:
+        result = task.apply_async(args, retry=False)
+    except Exception as exc:  # as in send: the broker is away, or did not answer within its bound
+        _outage.failed(task, args, exc)
+        raise ApiError(
+            codes.BROKER_UNREACHABLE,
+            "The broker (Redis) did not take the task. Nothing was sent: try again once it answers "
+            "(GET /readyz says when).",
+            status=503,
+            headers={"retry-after": "5"},
+        ) from None
+    _outage.sent()
+    return str(result.id)

@@ -18,6 +18,7 @@ from apps.nodes.api.serializers import EnrollmentTokenSerializer
 from apps.nodes.filtersets import NodeFilterSet
 from apps.nodes.models import EnrollmentToken, ListeningClock, Node, events_of
 from apps.nodes.tasks import ping_node
+from modelforge import dispatch
 from modelforge.errors import ApiError, describe_validation
 from modelforge.filters import filtered
 
@@ -68,8 +69,12 @@ def node_set_enabled(request: HttpRequest, pk: str, enabled: bool) -> HttpRespon
 @require_POST
 def node_ping(request: HttpRequest, pk: str) -> HttpResponse:
     node = get_object_or_404(Node, pk=pk)
-    ping_node.delay(str(node.pk))
-    messages.info(request, f"A signed ping to {node.name} is on its way; reload to see the result.")
+    try:
+        dispatch.send_or_refuse(ping_node, str(node.pk))
+    except ApiError as exc:
+        messages.error(request, f"{exc.code}: {exc.message}")
+    else:
+        messages.info(request, f"A signed ping to {node.name} is on its way; reload to see the result.")
     return redirect("nodes:detail", pk=node.pk)
 
 

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from django.db import transaction
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -21,6 +20,7 @@ from apps.core.api.serializers import (
 )
 from apps.core.status import system_status
 from apps.core.tasks import record_worker_seen
+from modelforge import dispatch
 from modelforge.openapi import EMPTY_REFUSED
 
 
@@ -37,12 +37,12 @@ class WorkerProbeView(APIView):
 
     @extend_schema(request=None, responses={202: WorkerProbeSerializer}, operation_id="system_worker_probe")
     def post(self, request: Request) -> Response:
-        task_id: list[str] = []
-        # Enqueued on commit: a task never runs against a transaction that might still roll back.
-        transaction.on_commit(lambda: task_id.append(record_worker_seen.delay().id))
+        # The probe reads no row this request writes: sent now, and refused by name when the broker does not
+        # take it (no row is left for the watchdog to re-send).
+        task_id = dispatch.send_or_refuse(record_worker_seen)
         status_url = reverse("api:system-status", request=request)
         return Response(
-            WorkerProbeSerializer({"task_id": task_id[0] if task_id else "", "status_url": status_url}).data,
+            WorkerProbeSerializer({"task_id": task_id, "status_url": status_url}).data,
             status=202,
         )
 

@@ -623,3 +623,35 @@ def test_an_operator_marks_a_stuck_queued_backup_failed_from_the_work_page(live_
         "WORK_CANCELLED",
         "marked failed by ops while queued",
     )
+
+
+@pytest.fixture
+def broker_refuses_pings(monkeypatch) -> None:
+    """A ping and a worker probe fail to publish the way kombu fails when Redis refuses or does not answer
+    within MODELFORGE_BROKER_TIMEOUT_S (tests/test_broker_freeze.py freezes a real one)."""
+    from apps.core import tasks as core_tasks
+    from apps.nodes import tasks as node_tasks
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(node_tasks.ping_node, "apply_async", refuse)
+    monkeypatch.setattr(core_tasks.record_worker_seen, "apply_async", refuse)
+    monkeypatch.setattr(dispatch, "_outage", dispatch._Outage())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_ping_or_probe_the_broker_cannot_take_is_refused_by_name_not_a_500(
+    operator_client, staff, broker_refuses_pings
+):
+    # Issue 48: with no row for the watchdog to re-send, a ping or a worker probe the broker did not take
+    # is lost; the operator is told so by name (and the dashboard says it), never a 500.
+    node, _ = make_node("n-ping")
+    response = operator_client.post(f"/api/v1/nodes/{node.pk}/ping")
+    assert "Nothing was sent" in assert_envelope(response, 503, "BROKER_UNREACHABLE")
+    response = operator_client.post("/api/v1/system/worker-probe")
+    assert "Nothing was sent" in assert_envelope(response, 503, "BROKER_UNREACHABLE")
+    response = staff.post(f"/nodes/{node.pk}/ping", follow=True)
+    assert response.status_code == 200
+    said = [str(m) for m in get_messages(response.wsgi_request)]
+    assert any("BROKER_UNREACHABLE" in m and "Nothing was sent" in m for m in said), said

@@ -17,7 +17,7 @@ from apps.nodes.enrollment import enroll
 from apps.nodes.filtersets import EnrollmentTokenFilterSet, NodeFilterSet
 from apps.nodes.models import EnrollmentToken, Node
 from apps.nodes.tasks import ping_node
-from modelforge import auththrottle
+from modelforge import auththrottle, dispatch
 from modelforge.errors import ApiError
 
 
@@ -88,8 +88,8 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     def ping(self, request: Request, pk: Any = None) -> Response:
         """Enqueue a signed ping; the result shows on the node (agent_reached_at, cluster_secret_mismatch)."""
         node = self.get_object()
-        result = ping_node.delay(str(node.pk))
-        return Response({"task_id": result.id}, status=status.HTTP_202_ACCEPTED)
+        task_id = dispatch.send_or_refuse(ping_node, str(node.pk))
+        return Response({"task_id": task_id}, status=status.HTTP_202_ACCEPTED)
 
 
 class ListeningView(APIView):
