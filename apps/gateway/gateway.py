@@ -334,8 +334,8 @@ class Gateway:
             raise Refusal(
                 503,
                 codes.NO_ELIGIBLE_NODE,
-                f"No running backend serves {capability!r} for this credential: no online, enabled node "
-                "runs one. See the capability's routing tiers and its servers.",
+                f"No running backend serves {capability!r} for this credential: no enabled node runs one "
+                "(running). See the capability's routing tiers and its servers.",
                 {"retry-after": "5"},
             )
         raise Refusal(
