@@ -12,15 +12,18 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from apps.clusters.models import Algorithm, Capability, ClusterMember, RoutingTier
-from apps.nodes.models import Node
+from apps.nodes.choices import Liveness
+from apps.nodes.models import Node, liveness_now
+from apps.servers import codes as server_codes
 from apps.servers.choices import ServerState
 from apps.servers.models import ModelServer
 from apps.servers.profiles import ENDPOINT_PATHS, runtime_profiles
@@ -108,16 +111,38 @@ class Binding:
     attached: int = 1
 
 
+def management_lost() -> tuple[set[Any], set[Any]]:
+    """The enabled nodes whose agent is silent (stale or offline: management lost), and all enabled nodes.
+
+    Serving follows the data plane (2026-12-07, docs/DECISIONS.md): a server runs where its agent last said
+    it runs, and the gateway's probes and sin-bin decide whether it answers; a silent agent says nothing
+    about the engine beside it. So node liveness no longer gates routing. A server the offline sweep failed
+    ``NODE_OFFLINE`` (the books' "whether the process still runs is unknown") is routed while its node is
+    still silent; once the node reports again, reconcile adopts it (running) or it stays out: its
+    reservation was released, and its port may be another server's by then. Placement still wants fresh
+    telemetry (``Node.objects.assignable``).
+    """
+    lost: set[Any] = set()
+    routed: set[Any] = set()
+    for pk, now in Node.objects.filter(enabled=True).annotate(now=liveness_now()).values_list("pk", "now"):
+        routed.add(pk)
+        if now in (Liveness.STALE, Liveness.OFFLINE):
+            lost.add(pk)
+    return lost, routed
+
+
 def read_bindings() -> tuple[dict[str, list[Binding]], dict[str, str]]:
     """Every capability's tier bindings with the running backends of each, in a handful of queries; and
     which capability follows which (a consumer alias's query name), a follower bound as the one it follows."""
-    assignable = set(Node.objects.heard().values_list("pk", flat=True))
+    lost, routed = management_lost()
     running = {
         s.pk: s
-        for s in ModelServer.objects.filter(state=ServerState.RUNNING, port__isnull=False).select_related(
-            "node"
-        )
-        if s.node_id in assignable
+        for s in ModelServer.objects.filter(
+            models.Q(state=ServerState.RUNNING)
+            | models.Q(state=ServerState.FAILED, failure_code=server_codes.NODE_OFFLINE),
+            port__isnull=False,
+        ).select_related("node")
+        if s.node_id in routed and (s.state == ServerState.RUNNING or s.node_id in lost)
     }
 
     profiles = runtime_profiles()

@@ -38,7 +38,8 @@ class GatewayConfig(AppConfig):
         # A cluster's membership changed: its load-balancer card's shares start again from now.
         post_save.connect(_shape_changed, sender=ClusterMember, dispatch_uid="gateway.shape.save")
         post_delete.connect(_shape_changed, sender=ClusterMember, dispatch_uid="gateway.shape.delete")
-        # Nodes heard again after the control plane itself was away: their servers are routable now.
+        # Listening restarted after the control plane itself was away: a rebuild. (Routing no longer reads
+        # node liveness since issue 48; kept as a cheap notice for what the table may have missed.)
         listening_restarted.connect(routing.server_state_changed, dispatch_uid="gateway.listening")
         # Each web worker's routing refresher, started before it serves: its first request finds a table.
         web_worker_started.connect(_start_refresher, dispatch_uid="gateway.refresher")

@@ -233,8 +233,9 @@ class Gateway:
         backends, algorithm, _cluster = router.candidates_in(table, capability, grant.project)
         if not backends:
             # A server that started running a moment ago, a tier bound a moment ago: as for the credential.
-            # And a node heard again a moment ago, which moves no version: a table older than a second is
-            # rebuilt (at most once a second per process while a capability has no backend).
+            # And a row changed without a signal (a node enabled again by a queryset update), which moves no
+            # version: a table older than a second is rebuilt (at most once a second per process while a
+            # capability has no backend).
             table = await router.caught_up(older_than=NO_BACKEND_REBUILD_S)
             backends, algorithm, _cluster = router.candidates_in(table, capability, grant.project)
         if backends and not _serves(backends, path):
@@ -358,8 +359,8 @@ class Gateway:
             raise Refusal(
                 503,
                 codes.NO_ELIGIBLE_NODE,
-                f"No running backend serves {capability!r} for this credential: no online, enabled node "
-                f"runs one. See the capability's routing tiers and its servers.{also}",
+                f"No running backend serves {capability!r} for this credential: no enabled node runs one "
+                f"(running). See the capability's routing tiers and its servers.{also}",
                 {"retry-after": "5"},
             )
         raise Refusal(

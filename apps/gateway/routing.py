@@ -8,9 +8,9 @@ refresher thread per process keeps it current, off the request path:
    by every ``bump_version``) and rebuilds the table as soon as one arrives.
 2. Every ``CHECK_EVERY_S`` without a notice it reads the version anyway (a notice lost while its
    connection was down) and rebuilds when it moved, or when the table is ``REBUILD_AT_LEAST_EVERY_S``
-   old (what no notice reports: a node going stale; a row changed without a signal; Redis away) and
-   what it was built from changed: ``inputs`` (a short statement per configuration table, one over the nodes
-   heard) says so. Rebuilding every few seconds regardless put some 12 ms of CPU on the core the
+   old (what no notice reports: a node disabled or silent, a row changed without a signal; Redis away) and
+   what it was built from changed: ``inputs`` (a short statement per configuration table, one over the
+   enabled nodes) says so. Rebuilding every few seconds regardless put some 12 ms of CPU on the core the
    engines share, every 5 s: at the low rates of LLM traffic, the gateway's largest added time to first
    token (bench/gateway/engine.py).
 3. The database away: the last table stays in use, and the next check tries again.
@@ -141,7 +141,7 @@ class Table:
 # its own transaction: a statement over all of them would hold some tables' locks while it waited for
 # another's, and deadlock with a TRUNCATE or other DDL taking them in another order (CI, 2026-12-02).
 # Nodes are summarised apart (``inputs``): their rows change with every heartbeat, and only which are
-# heard, and their addresses, make the table.
+# enabled, their addresses and whether their agent is silent make the table.
 _CONFIGURATION = [
     f"SELECT count(*), coalesce(sum(xmin::text::bigint), 0) FROM {model._meta.db_table}"  # noqa: S608
     for model in (
@@ -157,9 +157,10 @@ _CONFIGURATION = [
 ]
 
 
-def inputs() -> tuple[tuple[tuple[int, int], ...], frozenset[tuple[Any, str]]]:
+def inputs() -> tuple[tuple[tuple[int, int], ...], frozenset[tuple[Any, str, bool]]]:
     """What ``build_table`` reads, in short statements: unchanged, the table it builds is the same."""
-    from apps.nodes.models import Node
+    from apps.nodes.choices import Liveness
+    from apps.nodes.models import Node, liveness_now
 
     configuration = []
     with connection.cursor() as cursor:
@@ -167,7 +168,15 @@ def inputs() -> tuple[tuple[tuple[int, int], ...], frozenset[tuple[Any, str]]]:
             cursor.execute(statement)
             n, total = cursor.fetchone()
             configuration.append((int(n), int(total)))
-    return tuple(configuration), frozenset(Node.objects.heard().values_list("pk", "agent_url"))
+    # The enabled nodes, their addresses, and which are silent (a server failed NODE_OFFLINE is routed only
+    # while its node is: apps.clusters.bindings.management_lost).
+    nodes = frozenset(
+        (pk, url, now in (Liveness.STALE, Liveness.OFFLINE))
+        for pk, url, now in Node.objects.filter(enabled=True)
+        .annotate(now=liveness_now())
+        .values_list("pk", "agent_url", "now")
+    )
+    return tuple(configuration), nodes
 
 
 def build_table() -> Table:
@@ -236,7 +245,8 @@ class Router:
         """The table after a version check made now, rebuilt if it moved: for a refusal that a change the
         refresher has not picked up yet could explain (a credential minted a moment ago, its notice still
         on the way), checked before the refusal is given. A version read when nothing changed, and a
-        rebuild if the table is ``older_than`` seconds old (what no version reports: a node heard again)."""
+        rebuild if the table is ``older_than`` seconds old (what no version reports: a node enabled again
+        by a queryset update)."""
         return await sync_to_async(self._catch_up, thread_sensitive=False)(older_than)
 
     def _catch_up(self, older_than: float | None = None) -> Table:

@@ -83,10 +83,10 @@ class NodeQuerySet(models.QuerySet["Node"]):
         )
 
     def heard(self, now: datetime | None = None) -> NodeQuerySet:
-        """Nodes whose running servers may be routed to: enabled, online, and not silent for longer than
-        the stale limit *while the control plane was listening* (after a restore or a restart of the
-        control plane, a node's old heartbeat is not its silence). Placement still wants a fresh reading
-        (``assignable``); serving only wants a node nobody has reason to think gone."""
+        """Nodes nobody has reason to think gone: enabled, online, and not silent for longer than the stale
+        limit *while the control plane was listening* (after a restore or a restart of the control plane,
+        a node's old heartbeat is not its silence). Placement wants a fresh reading (``assignable``).
+        Routing used this until issue 48; it now follows the data plane (apps.clusters.bindings)."""
         now = now or timezone.now()
         fresh_after = now - timedelta(seconds=settings.NODE_STALE_AFTER)
         since = ListeningClock.objects.values_list("listening_since", flat=True).first()
