@@ -93,10 +93,20 @@ def say_to_stderr(message: str) -> None:
 # --- databases and ports ---------------------------------------------------------------------------------
 
 
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port free now and not handed out before by this process: once a probe socket closes, the kernel
+    may hand the same port to the next bind, and two drill agents were once given one port (CI, 2026-12-07:
+    AGENT_PORT_UNAVAILABLE, "every agent online: not within 60 s")."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def _with_database(url: str, name: str) -> str:
