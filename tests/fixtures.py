@@ -22,6 +22,8 @@ import pytest
 from django.conf import settings
 from rest_framework.test import APIClient
 
+from modelforge.embedded import EmbeddedRedis
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 BIN = Path(PYTHON).parent
@@ -59,6 +61,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
+    """A Redis of the test's own, for a test that freezes it (SIGSTOP): the session's is never frozen."""
+    made = EmbeddedRedis(tmp_path / "redis", free_port())
+    made.start(persistent=False)
+    yield made
+    pid = made.pid()
+    if pid is not None:
+        os.kill(pid, signal.SIGCONT)  # (a failed test may leave it frozen)
+    made.stop()
 
 
 def database_url(name: str | None = None) -> str:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -23,8 +21,7 @@ from django.conf import settings
 
 from apps.backups.models import Backup
 from apps.clusters.tests.factories import credential
-from modelforge.embedded import EmbeddedRedis
-from tests.fixtures import PYTHON, database_url, free_port, process_env, run_command, start_web, wait_until
+from tests.fixtures import PYTHON, database_url, process_env, run_command, start_web, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
 
@@ -32,17 +29,6 @@ WATCH_LATER = (
     "from datetime import timedelta; from django.utils import timezone; from apps.core.work import watch; "
     "print(watch(timezone.now() + timedelta(seconds={seconds})))"
 )
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
-    made = EmbeddedRedis(tmp_path / "redis", free_port())
-    made.start(persistent=False)
-    yield made
-    pid = made.pid()
-    if pid is not None:
-        os.kill(pid, signal.SIGCONT)  # (a failed test may leave it frozen)
-    made.stop()
 
 
 def test_a_backup_asked_for_while_redis_is_frozen_answers_at_once_and_is_sent_when_it_returns(

@@ -31,8 +31,7 @@ from openai import APIStatusError, OpenAI
 
 from apps.clusters.models import ClientCredential
 from apps.clusters.tests.factories import bind, credential, echo_backend, loopback_node, running_server
-from modelforge.embedded import EmbeddedRedis
-from tests.fixtures import LiveWeb, free_port, start_web, wait_until
+from tests.fixtures import LiveWeb, start_web, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
 
@@ -40,17 +39,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.stack]
 TOKENS_A_CALL = 7
 BUDGET = 3 * TOKENS_A_CALL
 NOT_ENFORCED = "credential limits are not enforced until it answers"
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[EmbeddedRedis]:
-    made = EmbeddedRedis(tmp_path / "redis", free_port())
-    made.start(persistent=False)
-    yield made
-    pid = made.pid()
-    if pid is not None:
-        os.kill(pid, signal.SIGCONT)  # (a failed test may leave it frozen)
-    made.stop()
 
 
 @pytest.fixture
